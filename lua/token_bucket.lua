@@ -1,0 +1,97 @@
+-- token_bucket.lua: one atomic, all-or-nothing token-bucket decision for every limit of a request.
+--
+-- KEYS[i]  the bucket of limit i. All KEYS of one call share a {hash tag}, so one Cluster slot.
+-- ARGV[1]  now, in microseconds since the Unix epoch; "" means "use Redis TIME" (no skew between proxies).
+-- ARGV[2 + 4(i-1) .. 5 + 4(i-1)], for limit i:
+--          capacity  whole tokens the bucket holds (the burst)
+--          scale     units per token
+--          num       units the bucket gains per microsecond (the rate is num/scale tokens per µs)
+--          cost      whole tokens this request takes
+--
+-- Reply: { allowed, then for each limit i: ok, remaining, reset_us, wait_us }, integers only:
+--   allowed    1 when every bucket had `cost` tokens and all were taken, 0 when none was taken
+--   ok         1 when this bucket alone had enough
+--   remaining  whole tokens left (after this request when allowed, untouched when not)
+--   reset_us   until the bucket is full again (0 when full)
+--   wait_us    when ok: until the next whole token (0 when full); when not ok: until `cost` is there
+--
+-- State: a hash per bucket, v = units held, t = the microsecond v was computed for. Units are exact
+-- integers: refill adds (elapsed µs × num) units, so no rounding is ever carried or lost, and the
+-- caller keeps capacity × scale + num within 2^53 so that Lua's doubles stay exact.
+--
+-- By hand:  redis-cli --eval lua/token_bucket.lua rl:{demo}:l , "" 3 1000000 1 1
+--           (capacity 3, one token per second, cost 1)
+
+local now = tonumber(ARGV[1])
+if not now then
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+
+local n = #KEYS
+local v, t, cap, scale, num, cost = {}, {}, {}, {}, {}, {}
+local allowed = 1
+
+for i = 1, n do
+  local a = 2 + 4 * (i - 1)
+  cap[i] = tonumber(ARGV[a]) * tonumber(ARGV[a + 1])
+  scale[i] = tonumber(ARGV[a + 1])
+  num[i] = tonumber(ARGV[a + 2])
+  cost[i] = tonumber(ARGV[a + 3]) * scale[i]
+
+  local state = redis.call('HMGET', KEYS[i], 'v', 't')
+  local held, at = tonumber(state[1]), tonumber(state[2])
+  if held == nil or at == nil then
+    held, at = cap[i], now
+  end
+  -- A clock that reads earlier than the stored instant (another proxy's clock) refills nothing and
+  -- never moves t backwards, so skew cannot credit the same interval twice.
+  if now > at then
+    local missing = cap[i] - held
+    if missing > 0 then
+      local elapsed = now - at
+      if elapsed * num[i] >= missing then
+        held = cap[i]
+      else
+        held = held + elapsed * num[i]
+      end
+    end
+    at = now
+  end
+  v[i], t[i] = held, at
+  if held < cost[i] then
+    allowed = 0
+  end
+end
+
+local reply = { allowed }
+for i = 1, n do
+  local ok = 1
+  if v[i] < cost[i] then
+    ok = 0
+  end
+  if allowed == 1 then
+    v[i] = v[i] - cost[i]
+    local fill_us = math.ceil((cap[i] - v[i]) / num[i])
+    -- Expire no earlier than the bucket would be full again: a key that vanishes early reads as a
+    -- full bucket, which is over-admission. The second of margin covers proxy-clock skew.
+    redis.call('HSET', KEYS[i], 'v', string.format('%.0f', v[i]), 't', string.format('%.0f', t[i]))
+    redis.call('PEXPIRE', KEYS[i], math.ceil(fill_us / 1000) + 1000)
+  end
+  local whole = math.floor(v[i] / scale[i])
+  local reset_us = 0
+  if v[i] < cap[i] then
+    reset_us = math.ceil((cap[i] - v[i]) / num[i])
+  end
+  local wait_us = 0
+  if ok == 0 then
+    wait_us = math.ceil((cost[i] - v[i]) / num[i])
+  elseif v[i] < cap[i] then
+    wait_us = math.ceil(((whole + 1) * scale[i] - v[i]) / num[i])
+  end
+  reply[#reply + 1] = ok
+  reply[#reply + 1] = whole
+  reply[#reply + 1] = reset_us
+  reply[#reply + 1] = wait_us
+end
+return reply

@@ -1,0 +1,63 @@
+//! The YAML as written: serde mirrors of the file, private to `config`. Nothing here is trusted;
+//! `validate` turns it into the public types or a list of problems.
+
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    pub listen: Option<OneOrMany>,
+    pub admin: Option<String>,
+    pub redis: Option<RawRedis>,
+    pub on_redis_error: Option<String>,
+    /// Routes stay untyped here so that one bad route cannot hide the problems of the others:
+    /// each is deserialized on its own.
+    #[serde(default)]
+    pub routes: Vec<serde_yaml::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRedis {
+    pub url: Option<String>,
+    pub timeout_ms: Option<u64>,
+    pub key_prefix: Option<String>,
+    pub clock: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRoute {
+    pub name: Option<String>,
+    #[serde(rename = "match", default)]
+    pub matcher: RawMatch,
+    pub upstream: Option<String>,
+    pub on_redis_error: Option<String>,
+    #[serde(default)]
+    pub limits: Vec<RawLimit>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMatch {
+    pub path_prefix: Option<String>,
+    pub host: Option<String>,
+    pub methods: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLimit {
+    pub name: Option<String>,
+    pub capacity: Option<u64>,
+    pub refill: Option<String>,
+    pub key: Option<String>,
+    pub cost: Option<u64>,
+}

@@ -1,0 +1,133 @@
+//! What clients see of a decision: the rate-limit response headers and the 429's body.
+//!
+//! Two vocabularies, because clients know both: the de-facto `X-RateLimit-*` trio, and the IETF
+//! fields of draft-ietf-httpapi-ratelimit-headers-10 (`RateLimit-Policy` lists every limit of the
+//! route; `RateLimit` reports the binding one, see `Decision::binding`). Fail-open responses carry
+//! none of them: the proxy does not know the state then.
+
+use crate::config::Route;
+use crate::limiter::Decision;
+use http::{HeaderName, HeaderValue};
+
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub const RETRY_AFTER: HeaderName = HeaderName::from_static("retry-after");
+
+/// A route's limits as headers need them; the policy field is the same for every response of the
+/// route, so it is rendered once, at config load.
+#[derive(Debug, Clone)]
+pub struct RouteHeaders {
+    names: Vec<String>,
+    capacities: Vec<u64>,
+    policy: Option<HeaderValue>,
+}
+
+impl RouteHeaders {
+    pub fn new(route: &Route) -> RouteHeaders {
+        let policy = route
+            .limits
+            .iter()
+            .map(|l| format!("\"{}\";q={};w={}", l.name, l.capacity, secs_ceil(l.refill.fill_us(l.capacity))))
+            .collect::<Vec<_>>()
+            .join(", ");
+        RouteHeaders {
+            names: route.limits.iter().map(|l| l.name.clone()).collect(),
+            capacities: route.limits.iter().map(|l| l.capacity).collect(),
+            // Names are [A-Za-z0-9_-], so the value is always a valid header value.
+            policy: HeaderValue::try_from(policy).ok().filter(|_| !route.limits.is_empty()),
+        }
+    }
+
+    /// The name of limit `i`.
+    pub fn limit_name(&self, i: usize) -> &str {
+        &self.names[i]
+    }
+
+    /// Calls `put` with every header that describes `decision`. A rejection adds `Retry-After`,
+    /// and then `RateLimit`'s `t` is the same number of seconds.
+    pub fn each(&self, decision: &Decision, mut put: impl FnMut(HeaderName, HeaderValue)) {
+        let Some(i) = decision.binding() else { return };
+        let state = &decision.limits[i];
+        let t = if decision.allowed {
+            secs_ceil(state.wait_us)
+        } else {
+            retry_after_secs(decision)
+        };
+        put(X_RATELIMIT_LIMIT, HeaderValue::from(self.capacities[i]));
+        put(X_RATELIMIT_REMAINING, HeaderValue::from(state.remaining));
+        put(X_RATELIMIT_RESET, HeaderValue::from(secs_ceil(state.reset_us)));
+        if let Some(policy) = &self.policy {
+            put(RATELIMIT_POLICY, policy.clone());
+        }
+        let ratelimit = format!("\"{}\";r={};t={}", self.names[i], state.remaining, t);
+        if let Ok(v) = HeaderValue::try_from(ratelimit) {
+            put(RATELIMIT, v);
+        }
+        if !decision.allowed {
+            put(RETRY_AFTER, HeaderValue::from(t));
+        }
+    }
+}
+
+/// `Retry-After` of a rejection: whole seconds, rounded up, at least 1 (0 would invite a retry
+/// that is certain to fail).
+pub fn retry_after_secs(decision: &Decision) -> u64 {
+    secs_ceil(decision.retry_after_us()).max(1)
+}
+
+/// The plain-text body of a 429.
+pub fn rejection_body(route: &str, limit: &str, retry_after: u64) -> String {
+    format!("429 Too Many Requests: limit \"{limit}\" of route \"{route}\" is exhausted; retry in {retry_after} s\n")
+}
+
+fn secs_ceil(us: u64) -> u64 {
+    us.div_ceil(1_000_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::limiter::LimitState;
+
+    fn headers() -> RouteHeaders {
+        let yaml = "listen: \"127.0.0.1:1\"\nroutes:\n  - name: api\n    upstream: \"h:1\"\n    limits:\n      - { name: burst, capacity: 20, refill: \"10/s\" }\n      - { name: hourly, capacity: 1000, refill: \"1000/h\" }\n";
+        RouteHeaders::new(&Config::parse("t.yaml", yaml).unwrap().routes[0])
+    }
+
+    fn collect(h: &RouteHeaders, d: &Decision) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        h.each(d, |n, v| out.push((n.to_string(), v.to_str().unwrap().to_string())));
+        out
+    }
+
+    fn state(ok: bool, remaining: u64, reset_us: u64, wait_us: u64) -> LimitState {
+        LimitState { ok, remaining, reset_us, wait_us }
+    }
+
+    #[test]
+    fn allowed_reports_the_least_remaining_limit() {
+        let d = Decision { allowed: true, limits: vec![state(true, 19, 100_000, 100_000), state(true, 5, 3_600_000_000, 2_500_001)] };
+        let got = collect(&headers(), &d);
+        let want = [
+            ("x-ratelimit-limit", "1000"),
+            ("x-ratelimit-remaining", "5"),
+            ("x-ratelimit-reset", "3600"),
+            ("ratelimit-policy", "\"burst\";q=20;w=2, \"hourly\";q=1000;w=3600"),
+            ("ratelimit", "\"hourly\";r=5;t=3"),
+        ];
+        assert_eq!(got, want.map(|(a, b)| (a.to_string(), b.to_string())));
+    }
+
+    #[test]
+    fn rejected_reports_the_longest_wait_and_retry_after_matches_t() {
+        let d = Decision { allowed: false, limits: vec![state(false, 0, 2_000_000, 100_000), state(true, 5, 10, 0)] };
+        let got = collect(&headers(), &d);
+        assert!(got.contains(&("retry-after".into(), "1".into())), "{got:?}");
+        assert!(got.contains(&("ratelimit".into(), "\"burst\";r=0;t=1".into())), "{got:?}");
+        assert!(got.contains(&("x-ratelimit-reset".into(), "2".into())), "{got:?}");
+    }
+}

@@ -1,0 +1,123 @@
+//! The token-bucket arithmetic of `lua/token_bucket.lua`, step for step, in Rust integers.
+//!
+//! The in-memory store runs it; the tests hold the Lua script to it. Any change here is a change
+//! to the script and the other way round.
+
+use super::{BucketParams, Decision, LimitState};
+
+/// A stored bucket: `v` units held as of microsecond `t`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct State {
+    pub v: u64,
+    pub t: u64,
+}
+
+impl State {
+    /// The microsecond at which this bucket is full again: from then on it is the same as no state
+    /// at all, so it may be forgotten (Redis: PEXPIRE).
+    pub fn full_at(&self, p: &BucketParams) -> u64 {
+        self.t + (p.capacity * p.scale).saturating_sub(self.v).div_ceil(p.num)
+    }
+}
+
+/// Evaluates one request at `now`. `states[i]` is limit i's stored state (`None`: never seen or
+/// expired, a full bucket). When allowed, every state is replaced by its new value; when not,
+/// nothing changes.
+pub fn evaluate(now: u64, params: &[BucketParams], states: &mut [Option<State>]) -> Decision {
+    debug_assert_eq!(params.len(), states.len());
+    let mut allowed = true;
+    let mut refilled = Vec::with_capacity(params.len());
+    for (p, s) in params.iter().zip(states.iter()) {
+        let cap = p.capacity * p.scale;
+        let State { v: mut held, t: mut at } = s.unwrap_or(State { v: cap, t: now });
+        // A clock behind the stored instant refills nothing and never moves t back.
+        if now > at {
+            let missing = cap.saturating_sub(held);
+            if missing > 0 {
+                let gained = u128::from(now - at) * u128::from(p.num);
+                held = if gained >= u128::from(missing) { cap } else { held + gained as u64 };
+            }
+            at = now;
+        }
+        if held < p.cost * p.scale {
+            allowed = false;
+        }
+        refilled.push(State { v: held, t: at });
+    }
+
+    let mut limits = Vec::with_capacity(params.len());
+    for ((p, s), slot) in params.iter().zip(refilled.iter_mut()).zip(states.iter_mut()) {
+        let cap = p.capacity * p.scale;
+        let cost = p.cost * p.scale;
+        let ok = s.v >= cost;
+        if allowed {
+            s.v -= cost;
+            *slot = Some(*s);
+        }
+        let whole = s.v / p.scale;
+        let reset_us = (cap - s.v).div_ceil(p.num);
+        let wait_us = if !ok {
+            (cost - s.v).div_ceil(p.num)
+        } else if s.v < cap {
+            ((whole + 1) * p.scale - s.v).div_ceil(p.num)
+        } else {
+            0
+        };
+        limits.push(LimitState { ok, remaining: whole, reset_us, wait_us });
+    }
+    Decision { allowed, limits }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// capacity 3, 1 token/s, cost 1
+    const P: BucketParams = BucketParams { capacity: 3, scale: 1_000_000, num: 1, cost: 1 };
+
+    #[test]
+    fn burst_then_reject_then_exact_refill() {
+        let mut s = [None];
+        for left in [2, 1, 0] {
+            let d = evaluate(0, &[P], &mut s);
+            assert!(d.allowed);
+            assert_eq!(d.limits[0].remaining, left);
+        }
+        let d = evaluate(0, &[P], &mut s);
+        assert!(!d.allowed);
+        assert_eq!(d.limits[0], LimitState { ok: false, remaining: 0, reset_us: 3_000_000, wait_us: 1_000_000 });
+        // 999,999 µs later: still not a whole token.
+        assert!(!evaluate(999_999, &[P], &mut s).allowed);
+        let d = evaluate(1_000_000, &[P], &mut s);
+        assert!(d.allowed);
+        assert_eq!(d.limits[0], LimitState { ok: true, remaining: 0, reset_us: 3_000_000, wait_us: 1_000_000 });
+    }
+
+    #[test]
+    fn all_or_nothing() {
+        let big = BucketParams { capacity: 10, ..P };
+        let mut s = [None, Some(State { v: 0, t: 0 })];
+        let d = evaluate(0, &[big, P], &mut s);
+        assert!(!d.allowed);
+        assert!(d.limits[0].ok && !d.limits[1].ok);
+        assert_eq!(s[0], None, "a rejected request takes nothing");
+        assert_eq!(d.binding(), Some(1));
+        assert_eq!(d.retry_after_us(), 1_000_000);
+    }
+
+    #[test]
+    fn skewed_clock_never_credits_twice() {
+        let mut s = [Some(State { v: 0, t: 5_000_000 })];
+        assert!(!evaluate(4_000_000, &[P], &mut s).allowed);
+        assert_eq!(s[0], Some(State { v: 0, t: 5_000_000 }));
+    }
+
+    #[test]
+    fn long_idle_saturates_without_overflow() {
+        let fast = BucketParams { capacity: 1_000_000_000, scale: 1, num: 1, cost: 1 };
+        let mut s = [Some(State { v: 0, t: 0 })];
+        let d = evaluate(u64::MAX / 2, &[fast], &mut s);
+        assert_eq!(d.limits[0].remaining, 999_999_999);
+        assert_eq!(s[0].unwrap().full_at(&fast), u64::MAX / 2 + 1);
+    }
+}

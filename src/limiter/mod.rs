@@ -1,0 +1,126 @@
+//! Rate-limit decisions behind one trait, so the proxy neither knows nor cares where buckets live.
+//!
+//! Every backend evaluates all limits of a request at once and all-or-nothing: a request takes
+//! tokens from every bucket or from none, so a rejected request costs the client nothing.
+
+pub mod bucket;
+pub mod memory;
+pub mod redis;
+
+use crate::config::Limit;
+use std::future::Future;
+use std::time::Duration;
+
+/// A limit's numbers as the arithmetic needs them (see `lua/token_bucket.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketParams {
+    pub capacity: u64,
+    /// Units per token.
+    pub scale: u64,
+    /// Units gained per microsecond.
+    pub num: u64,
+    pub cost: u64,
+}
+
+impl From<&Limit> for BucketParams {
+    fn from(l: &Limit) -> Self {
+        BucketParams {
+            capacity: l.capacity,
+            scale: l.refill.scale(),
+            num: l.refill.num(),
+            cost: l.cost,
+        }
+    }
+}
+
+/// One bucket a request must draw from.
+#[derive(Debug, Clone, Copy)]
+pub struct Bucket<'a> {
+    pub key: &'a str,
+    pub params: BucketParams,
+}
+
+/// What one bucket said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitState {
+    /// This bucket alone held the cost.
+    pub ok: bool,
+    /// Whole tokens left: after this request when it was allowed, untouched when not.
+    pub remaining: u64,
+    /// Until the bucket is full again.
+    pub reset_us: u64,
+    /// When `ok`: until the next whole token (0 when full). Otherwise: until the cost is there.
+    pub wait_us: u64,
+}
+
+/// The outcome of one request against all of its route's limits, in the route's limit order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    pub limits: Vec<LimitState>,
+}
+
+impl Decision {
+    /// The limit the response headers describe. Allowed: the least remaining (tie → the longest
+    /// reset). Rejected: the limit the client must wait for longest, whose wait is `Retry-After`
+    /// (tie → the least remaining), so that `RateLimit`'s `t` and `Retry-After` agree.
+    pub fn binding(&self) -> Option<usize> {
+        let indexed = self.limits.iter().enumerate();
+        if self.allowed {
+            indexed
+                .min_by(|(_, a), (_, b)| a.remaining.cmp(&b.remaining).then(b.reset_us.cmp(&a.reset_us)))
+                .map(|(i, _)| i)
+        } else {
+            indexed
+                .filter(|(_, l)| !l.ok)
+                .max_by(|(_, a), (_, b)| a.wait_us.cmp(&b.wait_us).then(b.remaining.cmp(&a.remaining)))
+                .map(|(i, _)| i)
+        }
+    }
+
+    /// Microseconds until this request's cost would be admitted by every limit; 0 when allowed.
+    pub fn retry_after_us(&self) -> u64 {
+        self.limits.iter().filter(|l| !l.ok).map(|l| l.wait_us).max().unwrap_or(0)
+    }
+}
+
+/// Why a backend could not decide. The proxy turns every variant into the route's
+/// `on_redis_error` policy; `kind` labels the error metric.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LimiterError {
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("connection: {0}")]
+    Connection(String),
+    #[error("script: {0}")]
+    Script(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl LimiterError {
+    /// The `kind` label of `ratelimit_redis_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LimiterError::Timeout(_) => "timeout",
+            LimiterError::Connection(_) => "connection",
+            LimiterError::Script(_) => "script",
+            LimiterError::Other(_) => "other",
+        }
+    }
+
+    /// A failure of the store's reachability rather than of our request: worth a retry later,
+    /// and what a circuit breaker counts.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, LimiterError::Timeout(_) | LimiterError::Connection(_))
+    }
+}
+
+/// A place where buckets live.
+pub trait Limiter: Send + Sync + 'static {
+    /// Takes `cost` from every bucket, or from none. Resolves within the backend's time budget.
+    fn check(&self, buckets: &[Bucket<'_>]) -> impl Future<Output = Result<Decision, LimiterError>> + Send;
+
+    /// Whether the store answers, for `/readyz`.
+    fn ping(&self) -> impl Future<Output = Result<(), LimiterError>> + Send;
+}
