@@ -19,7 +19,11 @@ pub struct Admin<L> {
 
 impl<L> Admin<L> {
     pub fn new(registry: Registry, limiter: Arc<L>, needs_store: bool) -> Self {
-        Admin { registry, limiter, needs_store }
+        Admin {
+            registry,
+            limiter,
+            needs_store,
+        }
     }
 }
 
@@ -28,13 +32,25 @@ impl<L: Limiter> ServeHttp for Admin<L> {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let path = session.req_header().uri.path().to_string();
         let (status, content_type, body) = match path.as_str() {
-            "/metrics" => (StatusCode::OK, "text/plain; version=0.0.4", metrics::render(&self.registry)),
+            "/metrics" => (
+                StatusCode::OK,
+                "text/plain; version=0.0.4",
+                metrics::render(&self.registry),
+            ),
             "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
             "/readyz" => match (self.needs_store, self.limiter.ping().await) {
-                (true, Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: rate-limit store: {e}\n")),
+                (true, Err(e)) => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    format!("not ready: rate-limit store: {e}\n"),
+                ),
                 _ => (StatusCode::OK, "text/plain", "ready\n".to_string()),
             },
-            _ => (StatusCode::NOT_FOUND, "text/plain", "not found: try /metrics, /healthz or /readyz\n".to_string()),
+            _ => (
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                "not found: try /metrics, /healthz or /readyz\n".to_string(),
+            ),
         };
         Response::builder()
             .status(status)

@@ -30,14 +30,23 @@ impl RouteHeaders {
         let policy = route
             .limits
             .iter()
-            .map(|l| format!("\"{}\";q={};w={}", l.name, l.capacity, secs_ceil(l.refill.fill_us(l.capacity))))
+            .map(|l| {
+                format!(
+                    "\"{}\";q={};w={}",
+                    l.name,
+                    l.capacity,
+                    secs_ceil(l.refill.fill_us(l.capacity))
+                )
+            })
             .collect::<Vec<_>>()
             .join(", ");
         RouteHeaders {
             names: route.limits.iter().map(|l| l.name.clone()).collect(),
             capacities: route.limits.iter().map(|l| l.capacity).collect(),
             // Names are [A-Za-z0-9_-], so the value is always a valid header value.
-            policy: HeaderValue::try_from(policy).ok().filter(|_| !route.limits.is_empty()),
+            policy: HeaderValue::try_from(policy)
+                .ok()
+                .filter(|_| !route.limits.is_empty()),
         }
     }
 
@@ -58,7 +67,10 @@ impl RouteHeaders {
         };
         put(X_RATELIMIT_LIMIT, HeaderValue::from(self.capacities[i]));
         put(X_RATELIMIT_REMAINING, HeaderValue::from(state.remaining));
-        put(X_RATELIMIT_RESET, HeaderValue::from(secs_ceil(state.reset_us)));
+        put(
+            X_RATELIMIT_RESET,
+            HeaderValue::from(secs_ceil(state.reset_us)),
+        );
         if let Some(policy) = &self.policy {
             put(RATELIMIT_POLICY, policy.clone());
         }
@@ -100,23 +112,39 @@ mod tests {
 
     fn collect(h: &RouteHeaders, d: &Decision) -> Vec<(String, String)> {
         let mut out = Vec::new();
-        h.each(d, |n, v| out.push((n.to_string(), v.to_str().unwrap().to_string())));
+        h.each(d, |n, v| {
+            out.push((n.to_string(), v.to_str().unwrap().to_string()))
+        });
         out
     }
 
     fn state(ok: bool, remaining: u64, reset_us: u64, wait_us: u64) -> LimitState {
-        LimitState { ok, remaining, reset_us, wait_us }
+        LimitState {
+            ok,
+            remaining,
+            reset_us,
+            wait_us,
+        }
     }
 
     #[test]
     fn allowed_reports_the_least_remaining_limit() {
-        let d = Decision { allowed: true, limits: vec![state(true, 19, 100_000, 100_000), state(true, 5, 3_600_000_000, 2_500_001)] };
+        let d = Decision {
+            allowed: true,
+            limits: vec![
+                state(true, 19, 100_000, 100_000),
+                state(true, 5, 3_600_000_000, 2_500_001),
+            ],
+        };
         let got = collect(&headers(), &d);
         let want = [
             ("x-ratelimit-limit", "1000"),
             ("x-ratelimit-remaining", "5"),
             ("x-ratelimit-reset", "3600"),
-            ("ratelimit-policy", "\"burst\";q=20;w=2, \"hourly\";q=1000;w=3600"),
+            (
+                "ratelimit-policy",
+                "\"burst\";q=20;w=2, \"hourly\";q=1000;w=3600",
+            ),
             ("ratelimit", "\"hourly\";r=5;t=3"),
         ];
         assert_eq!(got, want.map(|(a, b)| (a.to_string(), b.to_string())));
@@ -124,10 +152,19 @@ mod tests {
 
     #[test]
     fn rejected_reports_the_longest_wait_and_retry_after_matches_t() {
-        let d = Decision { allowed: false, limits: vec![state(false, 0, 2_000_000, 100_000), state(true, 5, 10, 0)] };
+        let d = Decision {
+            allowed: false,
+            limits: vec![state(false, 0, 2_000_000, 100_000), state(true, 5, 10, 0)],
+        };
         let got = collect(&headers(), &d);
         assert!(got.contains(&("retry-after".into(), "1".into())), "{got:?}");
-        assert!(got.contains(&("ratelimit".into(), "\"burst\";r=0;t=1".into())), "{got:?}");
-        assert!(got.contains(&("x-ratelimit-reset".into(), "2".into())), "{got:?}");
+        assert!(
+            got.contains(&("ratelimit".into(), "\"burst\";r=0;t=1".into())),
+            "{got:?}"
+        );
+        assert!(
+            got.contains(&("x-ratelimit-reset".into(), "2".into())),
+            "{got:?}"
+        );
     }
 }

@@ -72,7 +72,8 @@ fn push_value(key: &mut String, id: Identity<'_>) {
     match id {
         Identity::Value(v) if !v.is_empty() => {
             let raw_ok = v.len() <= MAX_RAW
-                && v.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+                && v.iter()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
             if raw_ok {
                 // The alphabet is ASCII, so this is valid UTF-8.
                 key.push_str(std::str::from_utf8(v).unwrap_or_default());
@@ -97,27 +98,45 @@ mod tests {
 
     #[test]
     fn same_source_puts_the_client_in_the_tag() {
-        let plan = KeyPlan::new("rl", &route("[{name: s, capacity: 1, refill: 1/s}, {name: m, capacity: 1, refill: 1/m}]"));
-        assert_eq!(plan.key(0, Identity::Value(b"10.0.0.1")), "rl:{api:10.0.0.1}:s");
-        assert_eq!(plan.key(1, Identity::Value(b"10.0.0.1")), "rl:{api:10.0.0.1}:m");
+        let plan = KeyPlan::new(
+            "rl",
+            &route("[{name: s, capacity: 1, refill: 1/s}, {name: m, capacity: 1, refill: 1/m}]"),
+        );
+        assert_eq!(
+            plan.key(0, Identity::Value(b"10.0.0.1")),
+            "rl:{api:10.0.0.1}:s"
+        );
+        assert_eq!(
+            plan.key(1, Identity::Value(b"10.0.0.1")),
+            "rl:{api:10.0.0.1}:m"
+        );
         assert_eq!(plan.key(0, Identity::Value(b"::1")), "rl:{api:::1}:s");
     }
 
     #[test]
     fn mixed_sources_share_the_route_tag() {
         let plan = KeyPlan::new("rl", &route("[{name: ip, capacity: 1, refill: 1/s}, {name: all, capacity: 1, refill: 1/s, key: route}]"));
-        assert_eq!(plan.key(0, Identity::Value(b"10.0.0.1")), "rl:{api}:ip:10.0.0.1");
+        assert_eq!(
+            plan.key(0, Identity::Value(b"10.0.0.1")),
+            "rl:{api}:ip:10.0.0.1"
+        );
         assert_eq!(plan.key(1, Identity::Route), "rl:{api}:all");
     }
 
     #[test]
     fn hostile_values_are_bounded_and_cannot_break_the_tag() {
-        let plan = KeyPlan::new("rl", &route("[{name: k, capacity: 1, refill: 1/s, key: \"header:X-Api-Key\"}]"));
+        let plan = KeyPlan::new(
+            "rl",
+            &route("[{name: k, capacity: 1, refill: 1/s, key: \"header:X-Api-Key\"}]"),
+        );
         let long = vec![b'a'; 10_000];
         let k = plan.key(0, Identity::Value(&long));
         assert!(k.len() < 80, "{k}");
         let k = plan.key(0, Identity::Value(b"x}{y\xff\0"));
-        assert!(k.starts_with("rl:{api:#") && k.ends_with("}:k") && k.matches('{').count() == 1, "{k}");
+        assert!(
+            k.starts_with("rl:{api:#") && k.ends_with("}:k") && k.matches('{').count() == 1,
+            "{k}"
+        );
         assert_eq!(plan.key(0, Identity::Missing), "rl:{api:~}:k");
         assert_eq!(plan.key(0, Identity::Value(b"")), "rl:{api:~}:k");
         assert_ne!(plan.key(0, Identity::Value(b"~")), "rl:{api:~}:k");

@@ -29,7 +29,11 @@ fn main() -> ExitCode {
         }
     };
     if cli.check {
-        println!("{}: ok ({} routes)", cli.config.display(), config.routes.len());
+        println!(
+            "{}: ok ({} routes)",
+            cli.config.display(),
+            config.routes.len()
+        );
         return ExitCode::SUCCESS;
     }
     match ratelimit_proxy::server::run(config).context("cannot start") {

@@ -16,7 +16,12 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    const ALL: [Outcome; 4] = [Outcome::Allowed, Outcome::Rejected, Outcome::FailOpen, Outcome::FailClosed];
+    const ALL: [Outcome; 4] = [
+        Outcome::Allowed,
+        Outcome::Rejected,
+        Outcome::FailOpen,
+        Outcome::FailClosed,
+    ];
 
     fn label(self) -> &'static str {
         match self {
@@ -52,7 +57,10 @@ impl Metrics {
     /// Registers the metrics in `registry` (the binary passes the default one).
     pub fn new(registry: &Registry) -> prometheus::Result<Metrics> {
         let decisions = IntCounterVec::new(
-            Opts::new("ratelimit_decisions_total", "Rate-limit decisions by route and outcome"),
+            Opts::new(
+                "ratelimit_decisions_total",
+                "Rate-limit decisions by route and outcome",
+            ),
             &["route", "decision"],
         )?;
         // 100 µs to ~1.6 s: a loopback round trip sits in the first buckets, a timeout in the last.
@@ -64,7 +72,10 @@ impl Metrics {
             .buckets(exponential_buckets(0.0001, 2.0, 15)?),
         )?;
         let redis_errors = IntCounterVec::new(
-            Opts::new("ratelimit_redis_errors_total", "Redis calls that failed, by kind"),
+            Opts::new(
+                "ratelimit_redis_errors_total",
+                "Redis calls that failed, by kind",
+            ),
             &["kind"],
         )?;
         registry.register(Box::new(decisions.clone()))?;
@@ -73,7 +84,11 @@ impl Metrics {
         for kind in ERROR_KINDS {
             redis_errors.with_label_values(&[kind]);
         }
-        Ok(Metrics { decisions, redis_duration, redis_errors })
+        Ok(Metrics {
+            decisions,
+            redis_duration,
+            redis_errors,
+        })
     }
 
     /// The counters of one route, every outcome present at 0 from the start.
@@ -112,9 +127,21 @@ mod tests {
         m.redis_error("timeout");
         m.redis_latency(Duration::from_micros(150));
         let text = render(&registry);
-        assert!(text.contains("ratelimit_decisions_total{decision=\"rejected\",route=\"api\"} 2"), "{text}");
-        assert!(text.contains("ratelimit_decisions_total{decision=\"allowed\",route=\"api\"} 0"), "{text}");
-        assert!(text.contains("ratelimit_redis_errors_total{kind=\"timeout\"} 1"), "{text}");
-        assert!(text.contains("ratelimit_redis_duration_seconds_bucket{le=\"0.0002\"} 1"), "{text}");
+        assert!(
+            text.contains("ratelimit_decisions_total{decision=\"rejected\",route=\"api\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ratelimit_decisions_total{decision=\"allowed\",route=\"api\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ratelimit_redis_errors_total{kind=\"timeout\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ratelimit_redis_duration_seconds_bucket{le=\"0.0002\"} 1"),
+            "{text}"
+        );
     }
 }

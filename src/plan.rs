@@ -38,7 +38,10 @@ pub struct PlanError {
 impl Plan {
     /// Resolves upstreams (once: DNS is not consulted per request) and compiles every route.
     pub fn compile(config: &Config, metrics: &Metrics) -> Result<Plan, PlanError> {
-        let prefix = config.redis.as_ref().map_or("rl", |r| r.key_prefix.as_str());
+        let prefix = config
+            .redis
+            .as_ref()
+            .map_or("rl", |r| r.key_prefix.as_str());
         let routes = config
             .routes
             .iter()
@@ -67,12 +70,17 @@ impl Plan {
                 })
             })
             .collect::<Result<_, _>>()?;
-        Ok(Plan { table: RouteTable::new(&config.routes), routes })
+        Ok(Plan {
+            table: RouteTable::new(&config.routes),
+            routes,
+        })
     }
 
     /// Whether any route needs the store to answer before it lets traffic through: `/readyz`
     /// only depends on Redis for those.
     pub fn needs_store(&self) -> bool {
-        self.routes.iter().any(|r| r.on_redis_error == FailMode::Closed && !r.params.is_empty())
+        self.routes
+            .iter()
+            .any(|r| r.on_redis_error == FailMode::Closed && !r.params.is_empty())
     }
 }

@@ -48,8 +48,18 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             .uri
             .host()
             .or_else(|| req.headers.get(header::HOST).and_then(|h| h.to_str().ok()));
-        let Some(index) = self.plan.table.find(host, req.method.as_str(), req.uri.path()) else {
-            respond(session, 404, Vec::new(), "404 Not Found: no route matches this request\n").await?;
+        let Some(index) = self
+            .plan
+            .table
+            .find(host, req.method.as_str(), req.uri.path())
+        else {
+            respond(
+                session,
+                404,
+                Vec::new(),
+                "404 Not Found: no route matches this request\n",
+            )
+            .await?;
             return Ok(true);
         };
         ctx.route = Some(index);
@@ -62,7 +72,10 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         let buckets: Vec<Bucket<'_>> = keys
             .iter()
             .zip(&route.params)
-            .map(|(key, params)| Bucket { key, params: *params })
+            .map(|(key, params)| Bucket {
+                key,
+                params: *params,
+            })
             .collect();
         match self.limiter.check(&buckets).await {
             Ok(decision) if decision.allowed => {
@@ -73,9 +86,17 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             Ok(decision) => {
                 ctx.outcome = Some(Outcome::Rejected);
                 let mut extra = Vec::with_capacity(6);
-                route.headers.each(&decision, |name, value| extra.push((name, value)));
-                let limit = decision.binding().map_or("", |i| route.headers.limit_name(i));
-                let body = headers::rejection_body(&route.name, limit, headers::retry_after_secs(&decision));
+                route
+                    .headers
+                    .each(&decision, |name, value| extra.push((name, value)));
+                let limit = decision
+                    .binding()
+                    .map_or("", |i| route.headers.limit_name(i));
+                let body = headers::rejection_body(
+                    &route.name,
+                    limit,
+                    headers::retry_after_secs(&decision),
+                );
                 respond(session, 429, extra, body).await?;
                 Ok(true)
             }
@@ -90,7 +111,13 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
                     }
                     FailMode::Closed => {
                         ctx.outcome = Some(Outcome::FailClosed);
-                        respond(session, 503, Vec::new(), "503 Service Unavailable: rate-limit store unavailable\n").await?;
+                        respond(
+                            session,
+                            503,
+                            Vec::new(),
+                            "503 Service Unavailable: rate-limit store unavailable\n",
+                        )
+                        .await?;
                         Ok(true)
                     }
                 }
@@ -98,7 +125,11 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         }
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Box<HttpPeer>> {
         let route = ctx
             .route
             .and_then(|i| self.plan.routes.get(i))
@@ -141,7 +172,9 @@ fn build_keys(session: &Session, route: &RoutePlan) -> Vec<String> {
         .enumerate()
         .map(|(i, source)| {
             let id = match source {
-                KeySource::ClientIp => ip.as_deref().map_or(Identity::Missing, |ip| Identity::Value(ip.as_bytes())),
+                KeySource::ClientIp => ip
+                    .as_deref()
+                    .map_or(Identity::Missing, |ip| Identity::Value(ip.as_bytes())),
                 KeySource::Header(name) => headers
                     .get(name.as_str())
                     .map_or(Identity::Missing, |v| Identity::Value(v.as_bytes())),

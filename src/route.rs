@@ -75,15 +75,24 @@ routes:
     #[test]
     fn first_match_wins_in_file_order() {
         let t = table();
-        assert_eq!(t.find(Some("api.example.com"), "POST", "/api/login"), Some(0));
-        assert_eq!(t.find(Some("api.example.com"), "GET", "/api/login"), Some(1));
+        assert_eq!(
+            t.find(Some("api.example.com"), "POST", "/api/login"),
+            Some(0)
+        );
+        assert_eq!(
+            t.find(Some("api.example.com"), "GET", "/api/login"),
+            Some(1)
+        );
         assert_eq!(t.find(Some("other"), "GET", "/api/x"), Some(2));
     }
 
     #[test]
     fn host_ignores_case_and_port() {
         let t = table();
-        assert_eq!(t.find(Some("Api.Example.COM:8080"), "GET", "/api/x"), Some(1));
+        assert_eq!(
+            t.find(Some("Api.Example.COM:8080"), "GET", "/api/x"),
+            Some(1)
+        );
         assert_eq!(t.find(None, "GET", "/api/x"), Some(2));
         assert_eq!(strip_port("[::1]:80"), "::1");
         assert_eq!(strip_port("::1"), "::1");

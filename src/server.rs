@@ -15,9 +15,6 @@ use pingora::server::Server;
 use pingora::services::listening::Service;
 use std::sync::Arc;
 
-/// Seconds SIGTERM waits for in-flight requests before the runtimes stop.
-const GRACE_PERIOD_S: u64 = 5;
-
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("metrics: {0}")]
@@ -44,7 +41,12 @@ pub fn run(config: Config) -> Result<(), StartError> {
         }
         None => {
             log::warn!("no `redis:` section: limits are kept in this process's memory and hold per proxy, not across a fleet");
-            serve(&config, plan, Arc::new(MemoryLimiter::new(SystemClock)), registry)
+            serve(
+                &config,
+                plan,
+                Arc::new(MemoryLimiter::new(SystemClock)),
+                registry,
+            )
         }
     }
 }
@@ -57,8 +59,10 @@ fn serve<L: Limiter>(
 ) -> Result<(), StartError> {
     let conf = ServerConf {
         threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
-        grace_period_seconds: Some(GRACE_PERIOD_S),
-        graceful_shutdown_timeout_seconds: Some(GRACE_PERIOD_S),
+        // Pingora stops accepting at SIGTERM, lets in-flight requests run for the grace period,
+        // then gives its runtimes a last second to wind down.
+        grace_period_seconds: Some(config.shutdown_grace.as_secs()),
+        graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
@@ -73,7 +77,10 @@ fn serve<L: Limiter>(
     for addr in &config.listen {
         proxy.add_tcp(&addr.to_string());
     }
-    let mut admin = Service::new("admin".to_string(), Admin::new(registry, limiter, needs_store));
+    let mut admin = Service::new(
+        "admin".to_string(),
+        Admin::new(registry, limiter, needs_store),
+    );
     admin.add_tcp(&config.admin.to_string());
     admin.threads = Some(1);
 

@@ -34,8 +34,15 @@ pub fn render(path: &[Seg]) -> String {
 
 const FOUND: &str = "\u{0}located";
 
-/// The 1-based line of the node at `path`, or `None` when the path isn't in the text.
+/// The 1-based line of the node at `path`; for a field that is missing, the line of the nearest
+/// node that holds it (a missing `upstream` points at its route). `None` when nothing matches.
 pub fn line_of(text: &str, path: &[Seg]) -> Option<usize> {
+    (1..=path.len())
+        .rev()
+        .find_map(|n| exact_line(text, &path[..n]))
+}
+
+fn exact_line(text: &str, path: &[Seg]) -> Option<usize> {
     let de = serde_yaml::Deserializer::from_str(text);
     match Seek(path).deserialize(de) {
         Err(e) if e.to_string().contains(FOUND) => e.location().map(|l| l.line()),
@@ -141,16 +148,28 @@ routes:
     #[test]
     fn finds_block_and_flow_nodes() {
         assert_eq!(line_of(DOC, &[key("listen")]), Some(1));
-        let cap = [key("routes"), Seg::Index(0), key("limits"), Seg::Index(0), key("capacity")];
+        let cap = [
+            key("routes"),
+            Seg::Index(0),
+            key("limits"),
+            Seg::Index(0),
+            key("capacity"),
+        ];
         assert_eq!(line_of(DOC, &cap), Some(6));
-        assert_eq!(line_of(DOC, &[key("routes"), Seg::Index(1), key("name")]), Some(7));
+        assert_eq!(
+            line_of(DOC, &[key("routes"), Seg::Index(1), key("name")]),
+            Some(7)
+        );
         assert_eq!(render(&cap), "routes[0].limits[0].capacity");
     }
 
     #[test]
     fn missing_paths_have_no_line() {
         assert_eq!(line_of(DOC, &[key("nope")]), None);
-        assert_eq!(line_of(DOC, &[key("routes"), Seg::Index(7)]), None);
+        assert_eq!(
+            line_of(DOC, &[key("routes"), Seg::Index(0), key("upstream")]),
+            Some(3)
+        );
         assert_eq!(line_of("{unclosed", &[key("a")]), None);
     }
 }

@@ -26,6 +26,8 @@ pub struct Config {
     pub admin: SocketAddr,
     /// `None`: limits are kept in process memory (per proxy, not shared).
     pub redis: Option<RedisSettings>,
+    /// How long SIGTERM lets in-flight requests finish.
+    pub shutdown_grace: Duration,
     pub routes: Vec<Route>,
 }
 

@@ -23,7 +23,8 @@ pub struct Rate {
 impl Rate {
     /// Parses `"<number>/<unit>"`; the error is a sentence for the config report.
     pub fn parse(text: &str) -> Result<Rate, String> {
-        let expected = "expected \"<number>/<s|m|h|d>\" with a number > 0, e.g. \"10/s\" or \"0.5/m\"";
+        let expected =
+            "expected \"<number>/<s|m|h|d>\" with a number > 0, e.g. \"10/s\" or \"0.5/m\"";
         let (number, unit) = text
             .trim()
             .split_once('/')
@@ -53,8 +54,10 @@ impl Rate {
         }
         let period_us = u128::from(unit_us) * u128::from(tenths);
         let g = gcd(u128::from(tokens), period_us);
-        let scale = u64::try_from(period_us / g).map_err(|_| format!("invalid rate {text:?}: too slow"))?;
-        let num = u64::try_from(u128::from(tokens) / g).map_err(|_| format!("invalid rate {text:?}: too fast"))?;
+        let scale =
+            u64::try_from(period_us / g).map_err(|_| format!("invalid rate {text:?}: too slow"))?;
+        let num = u64::try_from(u128::from(tokens) / g)
+            .map_err(|_| format!("invalid rate {text:?}: too fast"))?;
         Ok(Rate {
             scale,
             num,
@@ -121,7 +124,17 @@ mod tests {
 
     #[test]
     fn rejects_what_is_not_a_rate() {
-        for bad in ["", "10", "10/x", "0/s", "-1/s", "1e3/s", "./s", "0.0000001/s", "abc/s"] {
+        for bad in [
+            "",
+            "10",
+            "10/x",
+            "0/s",
+            "-1/s",
+            "1e3/s",
+            "./s",
+            "0.0000001/s",
+            "abc/s",
+        ] {
             assert!(Rate::parse(bad).is_err(), "{bad:?} parsed");
         }
     }

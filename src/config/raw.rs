@@ -10,6 +10,7 @@ pub(super) struct RawConfig {
     pub admin: Option<String>,
     pub redis: Option<RawRedis>,
     pub on_redis_error: Option<String>,
+    pub shutdown_grace_seconds: Option<u64>,
     /// Routes stay untyped here so that one bad route cannot hide the problems of the others:
     /// each is deserialized on its own.
     #[serde(default)]

@@ -6,7 +6,11 @@ use super::*;
 use std::collections::HashMap;
 
 pub(super) fn validate(file: &str, text: &str) -> Result<Config, ConfigError> {
-    let mut v = Validator { file, text, problems: Vec::new() };
+    let mut v = Validator {
+        file,
+        text,
+        problems: Vec::new(),
+    };
     let config = v.config();
     match config {
         Some(c) if v.problems.is_empty() => Ok(c),
@@ -25,12 +29,18 @@ fn key(k: &str) -> Seg {
 }
 
 fn at(base: &[Seg], more: &[&str]) -> Vec<Seg> {
-    base.iter().cloned().chain(more.iter().map(|k| key(k))).collect()
+    base.iter()
+        .cloned()
+        .chain(more.iter().map(|k| key(k)))
+        .collect()
 }
 
 /// Names go into metric labels, store keys and header values: keep them to a safe alphabet.
 fn valid_name(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 impl Validator<'_> {
@@ -60,10 +70,18 @@ impl Validator<'_> {
                 _ => {}
             }
         }
-        let message = clean_serde_message(&err.inner().to_string());
+        // serde_yaml names the map for an unknown key, the field for anything else.
+        let own = &path[base.len()..];
+        let prefixes = [render(own), render(&own[..own.len().saturating_sub(1)])];
+        let message = clean_serde_message(&err.inner().to_string(), &prefixes);
         // "unknown field `x`": point at the key itself, not the map that holds it.
-        if let Some(name) = message.strip_prefix("unknown field `").and_then(|m| m.split('`').next()) {
-            path.push(key(name));
+        if let Some(name) = message
+            .strip_prefix("unknown field `")
+            .and_then(|m| m.split('`').next())
+        {
+            if path.last() != Some(&key(name)) {
+                path.push(key(name));
+            }
         }
         let line = location.or_else(|| line_of(self.text, &path));
         self.problems.push(Problem {
@@ -86,23 +104,53 @@ impl Validator<'_> {
             }
         };
         let listen = self.listen(raw.listen);
-        let admin = self.address(None, vec![key("admin")], raw.admin.as_deref().unwrap_or(DEFAULT_ADMIN));
+        let admin = self.address(
+            None,
+            vec![key("admin")],
+            raw.admin.as_deref().unwrap_or(DEFAULT_ADMIN),
+        );
         if let (Some(admin), Some(listen)) = (admin, &listen) {
             if listen.contains(&admin) {
-                self.problem(None, vec![key("admin")], "must differ from every listen address");
+                self.problem(
+                    None,
+                    vec![key("admin")],
+                    "must differ from every listen address",
+                );
             }
         }
         let redis = raw.redis.and_then(|r| self.redis(r));
-        let default_fail = self.fail_mode(None, vec![key("on_redis_error")], raw.on_redis_error.as_deref());
+        let default_fail = self.fail_mode(
+            None,
+            vec![key("on_redis_error")],
+            raw.on_redis_error.as_deref(),
+        );
+        let grace = raw.shutdown_grace_seconds.unwrap_or(5);
+        if grace > 3600 {
+            self.problem(
+                None,
+                vec![key("shutdown_grace_seconds")],
+                format!("must be at most 3600, got {grace}"),
+            );
+        }
         let routes = self.routes(raw.routes, default_fail.unwrap_or(FailMode::Open));
-        Some(Config { listen: listen?, admin: admin?, redis, routes })
+        Some(Config {
+            listen: listen?,
+            admin: admin?,
+            redis,
+            shutdown_grace: Duration::from_secs(grace),
+            routes,
+        })
     }
 
     fn address(&mut self, route: Option<&str>, path: Vec<Seg>, text: &str) -> Option<SocketAddr> {
         match text.parse::<SocketAddr>() {
             Ok(a) => Some(a),
             Err(_) => {
-                self.problem(route, path, format!("invalid address {text:?}: expected IP:port, e.g. \"0.0.0.0:8080\""));
+                self.problem(
+                    route,
+                    path,
+                    format!("invalid address {text:?}: expected IP:port, e.g. \"0.0.0.0:8080\""),
+                );
                 None
             }
         }
@@ -111,10 +159,18 @@ impl Validator<'_> {
     fn listen(&mut self, raw: Option<OneOrMany>) -> Option<Vec<SocketAddr>> {
         let list = match raw {
             None => {
-                self.problem(None, vec![key("listen")], "is required: an address like \"0.0.0.0:8080\", or a list of them");
+                self.problem(
+                    None,
+                    vec![key("listen")],
+                    "is required: an address like \"0.0.0.0:8080\", or a list of them",
+                );
                 return None;
             }
-            Some(OneOrMany::One(one)) => return self.address(None, vec![key("listen")], &one).map(|a| vec![a]),
+            Some(OneOrMany::One(one)) => {
+                return self
+                    .address(None, vec![key("listen")], &one)
+                    .map(|a| vec![a])
+            }
             Some(OneOrMany::Many(list)) => list,
         };
         if list.is_empty() {
@@ -134,23 +190,51 @@ impl Validator<'_> {
         let before = self.problems.len();
         let url = raw.url.unwrap_or_default();
         if url.is_empty() {
-            self.problem(None, vec![key("redis"), key("url")], "is required when `redis` is set (leave `redis` out to keep limits in memory)");
-        } else if !["redis://", "rediss://", "unix://", "redis+unix://"].iter().any(|s| url.starts_with(s)) {
-            self.problem(None, vec![key("redis"), key("url")], format!("{url:?} must start with redis://, rediss:// or unix://"));
+            self.problem(
+                None,
+                vec![key("redis"), key("url")],
+                "is required when `redis` is set (leave `redis` out to keep limits in memory)",
+            );
+        } else if !["redis://", "rediss://", "unix://", "redis+unix://"]
+            .iter()
+            .any(|s| url.starts_with(s))
+        {
+            self.problem(
+                None,
+                vec![key("redis"), key("url")],
+                format!("{url:?} must start with redis://, rediss:// or unix://"),
+            );
         }
         let timeout_ms = raw.timeout_ms.unwrap_or(25);
         if !(1..=60_000).contains(&timeout_ms) {
-            self.problem(None, vec![key("redis"), key("timeout_ms")], format!("must be between 1 and 60000, got {timeout_ms}"));
+            self.problem(
+                None,
+                vec![key("redis"), key("timeout_ms")],
+                format!("must be between 1 and 60000, got {timeout_ms}"),
+            );
         }
         let key_prefix = raw.key_prefix.unwrap_or_else(|| "rl".to_string());
-        if key_prefix.is_empty() || key_prefix.len() > 64 || key_prefix.bytes().any(|b| b == b'{' || b == b'}' || !b.is_ascii_graphic()) {
-            self.problem(None, vec![key("redis"), key("key_prefix")], format!("{key_prefix:?} must be 1 to 64 visible ASCII characters without braces"));
+        if key_prefix.is_empty()
+            || key_prefix.len() > 64
+            || key_prefix
+                .bytes()
+                .any(|b| b == b'{' || b == b'}' || !b.is_ascii_graphic())
+        {
+            self.problem(
+                None,
+                vec![key("redis"), key("key_prefix")],
+                format!("{key_prefix:?} must be 1 to 64 visible ASCII characters without braces"),
+            );
         }
         let clock = match raw.clock.as_deref() {
             None | Some("redis") => ClockSource::Redis,
             Some("proxy") => ClockSource::Proxy,
             Some(other) => {
-                self.problem(None, vec![key("redis"), key("clock")], format!("must be \"redis\" or \"proxy\", got {other:?}"));
+                self.problem(
+                    None,
+                    vec![key("redis"), key("clock")],
+                    format!("must be \"redis\" or \"proxy\", got {other:?}"),
+                );
                 ClockSource::Redis
             }
         };
@@ -162,13 +246,22 @@ impl Validator<'_> {
         })
     }
 
-    fn fail_mode(&mut self, route: Option<&str>, path: Vec<Seg>, raw: Option<&str>) -> Option<FailMode> {
+    fn fail_mode(
+        &mut self,
+        route: Option<&str>,
+        path: Vec<Seg>,
+        raw: Option<&str>,
+    ) -> Option<FailMode> {
         match raw {
             None => None,
             Some("open") => Some(FailMode::Open),
             Some("closed") => Some(FailMode::Closed),
             Some(other) => {
-                self.problem(route, path, format!("must be \"open\" or \"closed\", got {other:?}"));
+                self.problem(
+                    route,
+                    path,
+                    format!("must be \"open\" or \"closed\", got {other:?}"),
+                );
                 None
             }
         }
@@ -196,7 +289,11 @@ impl Validator<'_> {
             };
             if let Some(name) = &raw.name {
                 if let Some(first) = seen.insert(name.clone(), i) {
-                    self.problem(Some(&label), at(&base, &["name"]), format!("duplicate route name {name:?} (first used by routes[{first}])"));
+                    self.problem(
+                        Some(&label),
+                        at(&base, &["name"]),
+                        format!("duplicate route name {name:?} (first used by routes[{first}])"),
+                    );
                 }
             }
             if let Some(route) = self.route(&label, &base, raw, default_fail) {
@@ -206,45 +303,83 @@ impl Validator<'_> {
         routes
     }
 
-    fn route(&mut self, label: &str, base: &[Seg], raw: RawRoute, default_fail: FailMode) -> Option<Route> {
+    fn route(
+        &mut self,
+        label: &str,
+        base: &[Seg],
+        raw: RawRoute,
+        default_fail: FailMode,
+    ) -> Option<Route> {
         let r = Some(label);
         let before = self.problems.len();
         let name = raw.name.unwrap_or_default();
         if name.is_empty() {
             self.problem(r, at(base, &["name"]), "is required");
         } else if !valid_name(&name) {
-            self.problem(r, at(base, &["name"]), format!("{name:?} may contain only A-Z, a-z, 0-9, _ and - (at most 64)"));
+            self.problem(
+                r,
+                at(base, &["name"]),
+                format!("{name:?} may contain only A-Z, a-z, 0-9, _ and - (at most 64)"),
+            );
         }
         let path_prefix = raw.matcher.path_prefix.unwrap_or_else(|| "/".to_string());
         if !path_prefix.starts_with('/') {
-            self.problem(r, at(base, &["match", "path_prefix"]), format!("{path_prefix:?} must start with /"));
+            self.problem(
+                r,
+                at(base, &["match", "path_prefix"]),
+                format!("{path_prefix:?} must start with /"),
+            );
         }
         let host = raw.matcher.host.map(|h| h.to_ascii_lowercase());
         if let Some(h) = &host {
             if h.is_empty() || h.contains(':') || !h.bytes().all(|b| b.is_ascii_graphic()) {
-                self.problem(r, at(base, &["match", "host"]), format!("{h:?} must be a host name without port or spaces"));
+                self.problem(
+                    r,
+                    at(base, &["match", "host"]),
+                    format!("{h:?} must be a host name without port or spaces"),
+                );
             }
         }
         let methods = raw.matcher.methods.map(|list| {
             if list.is_empty() {
-                self.problem(r, at(base, &["match", "methods"]), "must list at least one method, or be left out to match all");
+                self.problem(
+                    r,
+                    at(base, &["match", "methods"]),
+                    "must list at least one method, or be left out to match all",
+                );
             }
             list.iter()
                 .enumerate()
                 .map(|(j, m)| {
                     if m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphabetic()) {
-                        self.problem(r, at(base, &["match", "methods"]).into_iter().chain([Seg::Index(j)]).collect(), format!("{m:?} is not an HTTP method"));
+                        self.problem(
+                            r,
+                            at(base, &["match", "methods"])
+                                .into_iter()
+                                .chain([Seg::Index(j)])
+                                .collect(),
+                            format!("{m:?} is not an HTTP method"),
+                        );
                     }
                     m.to_ascii_uppercase()
                 })
                 .collect()
         });
         let upstream = self.upstream(r, at(base, &["upstream"]), raw.upstream.as_deref());
-        let on_redis_error = self.fail_mode(r, at(base, &["on_redis_error"]), raw.on_redis_error.as_deref()).unwrap_or(default_fail);
+        let on_redis_error = self
+            .fail_mode(
+                r,
+                at(base, &["on_redis_error"]),
+                raw.on_redis_error.as_deref(),
+            )
+            .unwrap_or(default_fail);
         let mut limit_names: HashMap<String, usize> = HashMap::new();
         let mut limits = Vec::new();
         for (j, raw) in raw.limits.into_iter().enumerate() {
-            let lbase: Vec<Seg> = at(base, &["limits"]).into_iter().chain([Seg::Index(j)]).collect();
+            let lbase: Vec<Seg> = at(base, &["limits"])
+                .into_iter()
+                .chain([Seg::Index(j)])
+                .collect();
             if let Some(n) = &raw.name {
                 if let Some(first) = limit_names.insert(n.clone(), j) {
                     self.problem(r, at(&lbase, &["name"]), format!("duplicate limit name {n:?} in this route (first used by limits[{first}])"));
@@ -267,16 +402,27 @@ impl Validator<'_> {
 
     fn upstream(&mut self, r: Option<&str>, path: Vec<Seg>, raw: Option<&str>) -> Option<Upstream> {
         let Some(text) = raw else {
-            self.problem(r, path, "is required: host:port of the service behind this route");
+            self.problem(
+                r,
+                path,
+                "is required: host:port of the service behind this route",
+            );
             return None;
         };
         let parsed = text.rsplit_once(':').and_then(|(host, port)| {
             let host = host.trim_start_matches('[').trim_end_matches(']');
             let port = port.parse::<u16>().ok().filter(|p| *p > 0)?;
-            (!host.is_empty() && host.bytes().all(|b| b.is_ascii_graphic())).then(|| Upstream { host: host.to_string(), port })
+            (!host.is_empty() && host.bytes().all(|b| b.is_ascii_graphic())).then(|| Upstream {
+                host: host.to_string(),
+                port,
+            })
         });
         if parsed.is_none() {
-            self.problem(r, path, format!("invalid upstream {text:?}: expected host:port, e.g. \"127.0.0.1:8000\""));
+            self.problem(
+                r,
+                path,
+                format!("invalid upstream {text:?}: expected host:port, e.g. \"127.0.0.1:8000\""),
+            );
         }
         parsed
     }
@@ -287,11 +433,19 @@ impl Validator<'_> {
         if name.is_empty() {
             self.problem(r, at(base, &["name"]), "is required");
         } else if !valid_name(&name) {
-            self.problem(r, at(base, &["name"]), format!("{name:?} may contain only A-Z, a-z, 0-9, _ and - (at most 64)"));
+            self.problem(
+                r,
+                at(base, &["name"]),
+                format!("{name:?} may contain only A-Z, a-z, 0-9, _ and - (at most 64)"),
+            );
         }
         let capacity = match raw.capacity {
             None => {
-                self.problem(r, at(base, &["capacity"]), "is required: the bucket size (burst), an integer >= 1");
+                self.problem(
+                    r,
+                    at(base, &["capacity"]),
+                    "is required: the bucket size (burst), an integer >= 1",
+                );
                 None
             }
             Some(0) => {
@@ -302,7 +456,11 @@ impl Validator<'_> {
         };
         let refill = match raw.refill.as_deref() {
             None => {
-                self.problem(r, at(base, &["refill"]), "is required: the sustained rate, e.g. \"10/s\"");
+                self.problem(
+                    r,
+                    at(base, &["refill"]),
+                    "is required: the sustained rate, e.g. \"10/s\"",
+                );
                 None
             }
             Some(text) => match Rate::parse(text) {
@@ -317,9 +475,15 @@ impl Validator<'_> {
             None | Some("client_ip") => Some(KeySource::ClientIp),
             Some("route") => Some(KeySource::Route),
             Some(other) => match other.strip_prefix("header:") {
-                Some(h) if !h.is_empty() && http::HeaderName::from_bytes(h.as_bytes()).is_ok() => Some(KeySource::Header(h.to_ascii_lowercase())),
+                Some(h) if !h.is_empty() && http::HeaderName::from_bytes(h.as_bytes()).is_ok() => {
+                    Some(KeySource::Header(h.to_ascii_lowercase()))
+                }
                 _ => {
-                    self.problem(r, at(base, &["key"]), format!("must be client_ip, route or header:<Name>, got {other:?}"));
+                    self.problem(
+                        r,
+                        at(base, &["key"]),
+                        format!("must be client_ip, route or header:<Name>, got {other:?}"),
+                    );
                     None
                 }
             },
@@ -327,7 +491,11 @@ impl Validator<'_> {
         let cost = raw.cost.unwrap_or(1);
         if let Some(cap) = capacity {
             if cost == 0 || cost > cap {
-                self.problem(r, at(base, &["cost"]), format!("must be between 1 and the capacity ({cap}), got {cost}"));
+                self.problem(
+                    r,
+                    at(base, &["cost"]),
+                    format!("must be between 1 and the capacity ({cap}), got {cost}"),
+                );
             }
         }
         if let (Some(cap), Some(rate)) = (capacity, refill) {
@@ -349,12 +517,34 @@ impl Validator<'_> {
     }
 }
 
-/// serde_yaml ends its messages with " at line L column C" and may start them with the path; the
-/// problem carries both separately.
-fn clean_serde_message(msg: &str) -> String {
-    let msg = match msg.rfind(" at line ") {
-        Some(i) => &msg[..i],
-        None => msg,
-    };
-    msg.to_string()
+/// serde_yaml puts " at line L column C" into its messages and may start them with the path; the
+/// problem carries both separately. Its type names are Rust's; the operator reads YAML.
+fn clean_serde_message(msg: &str, paths: &[String]) -> String {
+    let out = paths
+        .iter()
+        .filter(|p| !p.is_empty())
+        .find_map(|p| {
+            msg.strip_prefix(p.as_str())
+                .and_then(|m| m.strip_prefix(": "))
+        })
+        .unwrap_or(msg);
+    let mut clean = String::with_capacity(out.len());
+    let mut rest = out;
+    while let Some(i) = rest.find(" at line ") {
+        clean.push_str(&rest[..i]);
+        let tail = &rest[i + " at line ".len()..];
+        let digits = |s: &str| s.len() - s.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        let n = digits(tail);
+        match tail[n..].strip_prefix(" column ") {
+            Some(col) if n > 0 => rest = &col[digits(col)..],
+            _ => {
+                clean.push_str(" at line ");
+                rest = tail;
+            }
+        }
+    }
+    clean.push_str(rest);
+    clean
+        .replace("expected u64", "expected a whole number")
+        .replace("expected a string", "expected text")
 }

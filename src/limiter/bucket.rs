@@ -16,7 +16,10 @@ impl State {
     /// The microsecond at which this bucket is full again: from then on it is the same as no state
     /// at all, so it may be forgotten (Redis: PEXPIRE).
     pub fn full_at(&self, p: &BucketParams) -> u64 {
-        self.t + (p.capacity * p.scale).saturating_sub(self.v).div_ceil(p.num)
+        self.t
+            + (p.capacity * p.scale)
+                .saturating_sub(self.v)
+                .div_ceil(p.num)
     }
 }
 
@@ -29,13 +32,20 @@ pub fn evaluate(now: u64, params: &[BucketParams], states: &mut [Option<State>])
     let mut refilled = Vec::with_capacity(params.len());
     for (p, s) in params.iter().zip(states.iter()) {
         let cap = p.capacity * p.scale;
-        let State { v: mut held, t: mut at } = s.unwrap_or(State { v: cap, t: now });
+        let State {
+            v: mut held,
+            t: mut at,
+        } = s.unwrap_or(State { v: cap, t: now });
         // A clock behind the stored instant refills nothing and never moves t back.
         if now > at {
             let missing = cap.saturating_sub(held);
             if missing > 0 {
                 let gained = u128::from(now - at) * u128::from(p.num);
-                held = if gained >= u128::from(missing) { cap } else { held + gained as u64 };
+                held = if gained >= u128::from(missing) {
+                    cap
+                } else {
+                    held + gained as u64
+                };
             }
             at = now;
         }
@@ -46,7 +56,11 @@ pub fn evaluate(now: u64, params: &[BucketParams], states: &mut [Option<State>])
     }
 
     let mut limits = Vec::with_capacity(params.len());
-    for ((p, s), slot) in params.iter().zip(refilled.iter_mut()).zip(states.iter_mut()) {
+    for ((p, s), slot) in params
+        .iter()
+        .zip(refilled.iter_mut())
+        .zip(states.iter_mut())
+    {
         let cap = p.capacity * p.scale;
         let cost = p.cost * p.scale;
         let ok = s.v >= cost;
@@ -63,7 +77,12 @@ pub fn evaluate(now: u64, params: &[BucketParams], states: &mut [Option<State>])
         } else {
             0
         };
-        limits.push(LimitState { ok, remaining: whole, reset_us, wait_us });
+        limits.push(LimitState {
+            ok,
+            remaining: whole,
+            reset_us,
+            wait_us,
+        });
     }
     Decision { allowed, limits }
 }
@@ -73,7 +92,12 @@ mod tests {
     use super::*;
 
     /// capacity 3, 1 token/s, cost 1
-    const P: BucketParams = BucketParams { capacity: 3, scale: 1_000_000, num: 1, cost: 1 };
+    const P: BucketParams = BucketParams {
+        capacity: 3,
+        scale: 1_000_000,
+        num: 1,
+        cost: 1,
+    };
 
     #[test]
     fn burst_then_reject_then_exact_refill() {
@@ -85,12 +109,28 @@ mod tests {
         }
         let d = evaluate(0, &[P], &mut s);
         assert!(!d.allowed);
-        assert_eq!(d.limits[0], LimitState { ok: false, remaining: 0, reset_us: 3_000_000, wait_us: 1_000_000 });
+        assert_eq!(
+            d.limits[0],
+            LimitState {
+                ok: false,
+                remaining: 0,
+                reset_us: 3_000_000,
+                wait_us: 1_000_000
+            }
+        );
         // 999,999 µs later: still not a whole token.
         assert!(!evaluate(999_999, &[P], &mut s).allowed);
         let d = evaluate(1_000_000, &[P], &mut s);
         assert!(d.allowed);
-        assert_eq!(d.limits[0], LimitState { ok: true, remaining: 0, reset_us: 3_000_000, wait_us: 1_000_000 });
+        assert_eq!(
+            d.limits[0],
+            LimitState {
+                ok: true,
+                remaining: 0,
+                reset_us: 3_000_000,
+                wait_us: 1_000_000
+            }
+        );
     }
 
     #[test]
@@ -114,7 +154,12 @@ mod tests {
 
     #[test]
     fn long_idle_saturates_without_overflow() {
-        let fast = BucketParams { capacity: 1_000_000_000, scale: 1, num: 1, cost: 1 };
+        let fast = BucketParams {
+            capacity: 1_000_000_000,
+            scale: 1,
+            num: 1,
+            cost: 1,
+        };
         let mut s = [Some(State { v: 0, t: 0 })];
         let d = evaluate(u64::MAX / 2, &[fast], &mut s);
         assert_eq!(d.limits[0].remaining, 999_999_999);

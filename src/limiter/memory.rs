@@ -39,12 +39,17 @@ impl<C: Clock> MemoryLimiter<C> {
         let now = self.clock.now_us();
         let params: Vec<_> = buckets.iter().map(|b| b.params).collect();
         let Some(first) = buckets.first() else {
-            return Ok(Decision { allowed: true, limits: Vec::new() });
+            return Ok(Decision {
+                allowed: true,
+                limits: Vec::new(),
+            });
         };
         let tag = hash_tag(first.key);
         if buckets.iter().any(|b| hash_tag(b.key) != tag) {
             // What Redis Cluster would answer with CROSSSLOT: one decision, one tag.
-            return Err(LimiterError::Other("the keys of one decision must share a {hash tag}".into()));
+            return Err(LimiterError::Other(
+                "the keys of one decision must share a {hash tag}".into(),
+            ));
         }
         // A poisoned shard only means another thread panicked mid-update of plain integers.
         let mut map = self.shard(tag).lock().unwrap_or_else(|e| e.into_inner());
@@ -77,7 +82,9 @@ fn hash_tag(key: &str) -> &str {
     key.find('{')
         .and_then(|open| {
             let rest = &key[open + 1..];
-            rest.find('}').filter(|&close| close > 0).map(|close| &rest[..close])
+            rest.find('}')
+                .filter(|&close| close > 0)
+                .map(|close| &rest[..close])
         })
         .unwrap_or(key)
 }

@@ -68,19 +68,32 @@ impl Decision {
         let indexed = self.limits.iter().enumerate();
         if self.allowed {
             indexed
-                .min_by(|(_, a), (_, b)| a.remaining.cmp(&b.remaining).then(b.reset_us.cmp(&a.reset_us)))
+                .min_by(|(_, a), (_, b)| {
+                    a.remaining
+                        .cmp(&b.remaining)
+                        .then(b.reset_us.cmp(&a.reset_us))
+                })
                 .map(|(i, _)| i)
         } else {
             indexed
                 .filter(|(_, l)| !l.ok)
-                .max_by(|(_, a), (_, b)| a.wait_us.cmp(&b.wait_us).then(b.remaining.cmp(&a.remaining)))
+                .max_by(|(_, a), (_, b)| {
+                    a.wait_us
+                        .cmp(&b.wait_us)
+                        .then(b.remaining.cmp(&a.remaining))
+                })
                 .map(|(i, _)| i)
         }
     }
 
     /// Microseconds until this request's cost would be admitted by every limit; 0 when allowed.
     pub fn retry_after_us(&self) -> u64 {
-        self.limits.iter().filter(|l| !l.ok).map(|l| l.wait_us).max().unwrap_or(0)
+        self.limits
+            .iter()
+            .filter(|l| !l.ok)
+            .map(|l| l.wait_us)
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -119,7 +132,10 @@ impl LimiterError {
 /// A place where buckets live.
 pub trait Limiter: Send + Sync + 'static {
     /// Takes `cost` from every bucket, or from none. Resolves within the backend's time budget.
-    fn check(&self, buckets: &[Bucket<'_>]) -> impl Future<Output = Result<Decision, LimiterError>> + Send;
+    fn check(
+        &self,
+        buckets: &[Bucket<'_>],
+    ) -> impl Future<Output = Result<Decision, LimiterError>> + Send;
 
     /// Whether the store answers, for `/readyz`.
     fn ping(&self) -> impl Future<Output = Result<(), LimiterError>> + Send;

@@ -36,7 +36,8 @@ impl RedisLimiter {
         clock: Option<Box<dyn Clock>>,
         metrics: Metrics,
     ) -> Result<RedisLimiter, LimiterError> {
-        let client = redis::Client::open(url).map_err(|e| LimiterError::Other(format!("redis url: {e}")))?;
+        let client =
+            redis::Client::open(url).map_err(|e| LimiterError::Other(format!("redis url: {e}")))?;
         Ok(RedisLimiter {
             client,
             conn: OnceCell::new(),
@@ -53,11 +54,12 @@ impl RedisLimiter {
             .get_or_try_init(|| async {
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.timeout))
-                    // A short, bounded backoff: requests never wait on it (they time out), but a
-                    // Redis that comes back should be found within a second.
-                    .set_min_delay(Duration::from_millis(10))
-                    .set_max_delay(Duration::from_secs(1))
-                    .set_number_of_retries(usize::MAX);
+                    // Few, quick reconnect attempts: a refused connection then fails the decision
+                    // fast instead of holding it for the whole budget, and the next decision
+                    // starts a new attempt, so a Redis that comes back is found at once.
+                    .set_min_delay(Duration::from_millis(5))
+                    .set_max_delay(Duration::from_millis(50))
+                    .set_number_of_retries(1);
                 ConnectionManager::new_lazy_with_config(self.client.clone(), config)
             })
             .await
@@ -76,7 +78,11 @@ impl RedisLimiter {
         };
         for b in buckets {
             let p = b.params;
-            invocation.arg(p.capacity).arg(p.scale).arg(p.num).arg(p.cost);
+            invocation
+                .arg(p.capacity)
+                .arg(p.scale)
+                .arg(p.num)
+                .arg(p.cost);
         }
         let mut conn = self.connection().await?;
         let reply: Vec<i64> = match invocation.invoke_async(&mut conn).await {
@@ -109,7 +115,10 @@ impl Limiter for RedisLimiter {
     async fn ping(&self) -> Result<(), LimiterError> {
         let ping = async {
             let mut conn = self.connection().await?;
-            redis::cmd("PING").query_async::<()>(&mut conn).await.map_err(classify)
+            redis::cmd("PING")
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(classify)
         };
         tokio::time::timeout(self.timeout, ping)
             .await
@@ -120,9 +129,19 @@ impl Limiter for RedisLimiter {
 fn classify(e: RedisError) -> LimiterError {
     if e.is_timeout() {
         LimiterError::Timeout(Duration::ZERO)
-    } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_unrecoverable_error() {
+    } else if e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_unrecoverable_error()
+    {
         LimiterError::Connection(e.to_string())
-    } else if matches!(e.kind(), redis::ErrorKind::Server(_) | redis::ErrorKind::Extension | redis::ErrorKind::UnexpectedReturnType | redis::ErrorKind::Parse) {
+    } else if matches!(
+        e.kind(),
+        redis::ErrorKind::Server(_)
+            | redis::ErrorKind::Extension
+            | redis::ErrorKind::UnexpectedReturnType
+            | redis::ErrorKind::Parse
+    ) {
         LimiterError::Script(e.to_string())
     } else {
         LimiterError::Other(e.to_string())
@@ -132,7 +151,9 @@ fn classify(e: RedisError) -> LimiterError {
 /// `{allowed, then ok, remaining, reset_us, wait_us per limit}`, as the script's header says.
 fn parse_reply(reply: &[i64], limits: usize) -> Result<Decision, LimiterError> {
     if reply.len() != 1 + 4 * limits || reply.iter().any(|n| *n < 0) {
-        return Err(LimiterError::Script(format!("unexpected reply {reply:?} for {limits} limits")));
+        return Err(LimiterError::Script(format!(
+            "unexpected reply {reply:?} for {limits} limits"
+        )));
     }
     let limits = reply[1..]
         .chunks_exact(4)
@@ -143,7 +164,10 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<Decision, LimiterError> {
             wait_us: c[3] as u64,
         })
         .collect();
-    Ok(Decision { allowed: reply[0] == 1, limits })
+    Ok(Decision {
+        allowed: reply[0] == 1,
+        limits,
+    })
 }
 
 #[cfg(test)]
@@ -154,12 +178,26 @@ mod tests {
     fn parses_the_reply_the_script_documents() {
         let d = parse_reply(&[0, 1, 5, 100, 10, 0, 0, 2_000, 1_000], 2).unwrap();
         assert!(!d.allowed);
-        assert_eq!(d.limits[1], LimitState { ok: false, remaining: 0, reset_us: 2_000, wait_us: 1_000 });
+        assert_eq!(
+            d.limits[1],
+            LimitState {
+                ok: false,
+                remaining: 0,
+                reset_us: 2_000,
+                wait_us: 1_000
+            }
+        );
     }
 
     #[test]
     fn rejects_a_reply_of_the_wrong_shape() {
-        assert!(matches!(parse_reply(&[1, 1, 5], 1), Err(LimiterError::Script(_))));
-        assert!(matches!(parse_reply(&[1, 1, -5, 0, 0], 1), Err(LimiterError::Script(_))));
+        assert!(matches!(
+            parse_reply(&[1, 1, 5], 1),
+            Err(LimiterError::Script(_))
+        ));
+        assert!(matches!(
+            parse_reply(&[1, 1, -5, 0, 0], 1),
+            Err(LimiterError::Script(_))
+        ));
     }
 }

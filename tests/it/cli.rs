@@ -1,0 +1,86 @@
+//! The command line as an operator meets it.
+
+use crate::support::proxy::BIN;
+use std::process::Command;
+
+#[test]
+fn check_accepts_a_valid_config() {
+    let out = Command::new(BIN)
+        .args(["--config", "config/routes.yaml", "--check"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "config/routes.yaml: ok (2 routes)\n"
+    );
+}
+
+#[test]
+fn check_lists_every_problem_and_fails() {
+    let path = "tests/fixtures/config/several_problems.yaml";
+    let out = Command::new(BIN)
+        .args(["--config", path, "--check"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let fixture = std::fs::read_to_string(path).unwrap();
+    let want: Vec<&str> = fixture
+        .lines()
+        .filter_map(|l| l.strip_prefix("# error: "))
+        .collect();
+    assert!(want.len() >= 3);
+    assert_eq!(stderr.lines().collect::<Vec<_>>(), want);
+}
+
+#[test]
+fn a_missing_config_file_is_named() {
+    let out = Command::new(BIN)
+        .args(["--config", "/nonexistent/routes.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("/nonexistent/routes.yaml: cannot read the config:"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn version_and_help() {
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("ratelimit-proxy {}\n", env!("CARGO_PKG_VERSION"))
+    );
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("--config <PATH>") && help.contains("--check"),
+        "{help}"
+    );
+}
+
+#[test]
+fn sigterm_lets_the_request_in_flight_finish_then_exits_cleanly() {
+    use crate::scenarios::{Backend, Setup};
+    use crate::support::wait_for;
+    use std::time::Duration;
+
+    let routes = "  - name: api\n    upstream: \"{upstream}\"\n    limits: [{ name: l, capacity: 10, refill: \"1/s\" }]\n";
+    let mut s = Setup::start_with_config(Backend::Memory, routes, "shutdown_grace_seconds: 2\n");
+    let addr = s.proxy.addr;
+    let in_flight = std::thread::spawn(move || crate::support::http::get(addr, "/slow", &[]));
+    wait_for(
+        "the upstream to receive the slow request",
+        Duration::from_secs(10),
+        || (s.upstream.hits() == 1).then_some(()),
+    );
+    let status = s.proxy.terminate(Duration::from_secs(10));
+    assert!(status.success(), "{status}");
+    let r = in_flight.join().unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body, "hello from upstream\n");
+}

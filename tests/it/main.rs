@@ -1,0 +1,9 @@
+//! Integration tests: real redis-server processes, a real upstream, the real proxy binary.
+//! One test binary, so it links once.
+
+mod cli;
+mod config_errors;
+mod lua_script;
+mod redis_faults;
+mod scenarios;
+mod support;

@@ -1,0 +1,185 @@
+//! Redis failing for real: killed, paused, flushed, restarted. The proxy must keep answering within
+//! its budget, follow each route's `on_redis_error`, and be right again once Redis is back.
+
+use crate::scenarios::{Backend, Setup};
+use crate::support::redis::RedisServer;
+use crate::support::wait_for;
+use std::time::{Duration, Instant};
+
+const TIMEOUT_MS: u64 = 300;
+
+/// Two routes on one Redis with a short budget: `open` fails open (the default), `closed` closed.
+fn setup() -> Setup {
+    let redis = RedisServer::start();
+    let routes = "  - name: open
+    match: { path_prefix: \"/open\" }
+    upstream: \"{upstream}\"
+    limits: [{ name: l, capacity: 100, refill: \"1/m\" }]
+  - name: closed
+    match: { path_prefix: \"/closed\" }
+    upstream: \"{upstream}\"
+    on_redis_error: closed
+    limits: [{ name: l, capacity: 100, refill: \"1/m\" }]
+";
+    Setup::start_with_timeout(Backend::Redis(redis), routes, TIMEOUT_MS)
+}
+
+impl Setup {
+    fn redis(&mut self) -> &mut RedisServer {
+        match &mut self.backend {
+            Backend::Redis(r) => r,
+            Backend::Memory => unreachable!("fault tests run on Redis"),
+        }
+    }
+}
+
+fn timed_get(s: &Setup, path: &str) -> (crate::support::http::Response, Duration) {
+    let started = Instant::now();
+    let r = s.proxy.get(path, &[]);
+    (r, started.elapsed())
+}
+
+#[test]
+fn redis_killed_fails_open_or_closed_per_route_without_waiting() {
+    let mut s = setup();
+    assert_eq!(s.proxy.get("/open", &[]).status, 200);
+    assert_eq!(s.proxy.get("/closed", &[]).status, 200);
+    assert_eq!(s.proxy.admin_get("/readyz").status, 200);
+
+    s.redis().kill();
+    let (r, took) = timed_get(&s, "/open");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(
+        !r.has_ratelimit_headers(),
+        "a fail-open response knows no state: {r:?}"
+    );
+    assert!(
+        took < Duration::from_millis(TIMEOUT_MS + 1000),
+        "took {took:?}"
+    );
+    let (r, took) = timed_get(&s, "/closed");
+    assert_eq!(r.status, 503, "{r:?}");
+    assert!(
+        took < Duration::from_millis(TIMEOUT_MS + 1000),
+        "took {took:?}"
+    );
+
+    assert_eq!(
+        s.upstream.hits(),
+        3,
+        "fail-open reaches the upstream, fail-closed does not"
+    );
+    assert_eq!(s.proxy.decisions("open", "fail_open"), 1);
+    assert_eq!(s.proxy.decisions("closed", "fail_closed"), 1);
+    assert_eq!(s.proxy.decisions("open", "allowed"), 1);
+    let errors = s
+        .proxy
+        .metric("ratelimit_redis_errors_total{kind=\"connection\"}");
+    assert!(
+        errors >= 2.0,
+        "{errors}\n{}",
+        s.proxy.admin_get("/metrics").body
+    );
+    assert_eq!(
+        s.proxy.admin_get("/readyz").status,
+        503,
+        "a fail-closed route needs Redis"
+    );
+    assert_eq!(s.proxy.admin_get("/healthz").status, 200);
+}
+
+#[test]
+fn redis_paused_times_out_within_the_budget_then_recovers() {
+    let mut s = setup();
+    assert_eq!(s.proxy.get("/open", &[]).status, 200);
+    s.redis().pause();
+    let (r, took) = timed_get(&s, "/open");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(!r.has_ratelimit_headers());
+    // It waited for Redis (a timeout, not a fast failure), and not much longer than the budget.
+    assert!(
+        took >= Duration::from_millis(TIMEOUT_MS - 5),
+        "took {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(TIMEOUT_MS + 1000),
+        "took {took:?}"
+    );
+    let (r, _) = timed_get(&s, "/closed");
+    assert_eq!(r.status, 503);
+    assert_eq!(
+        s.proxy
+            .metric("ratelimit_redis_errors_total{kind=\"timeout\"}"),
+        2.0
+    );
+    assert_eq!(s.proxy.decisions("open", "fail_open"), 1);
+    assert_eq!(s.proxy.decisions("closed", "fail_closed"), 1);
+
+    s.redis().resume();
+    let r = wait_for(
+        "decisions from Redis again",
+        Duration::from_secs(10),
+        || {
+            let r = s.proxy.get("/open", &[]);
+            r.has_ratelimit_headers().then_some(r)
+        },
+    );
+    assert_eq!(r.status, 200);
+}
+
+#[test]
+fn script_flush_and_restart_are_invisible_to_the_next_request() {
+    let mut s = setup();
+    assert_eq!(
+        s.proxy.get("/open", &[]).header("x-ratelimit-remaining"),
+        Some("99")
+    );
+
+    let _: () = s.redis().cmd(&["SCRIPT", "FLUSH"]);
+    let r = s.proxy.get("/open", &[]);
+    assert_eq!(
+        r.header("x-ratelimit-remaining"),
+        Some("98"),
+        "the script reloaded, state intact: {r:?}"
+    );
+
+    s.redis().restart();
+    let r = s.proxy.get("/open", &[]);
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("x-ratelimit-remaining"),
+        Some("99"),
+        "a fresh Redis, a fresh bucket: {r:?}"
+    );
+    assert_eq!(
+        s.proxy.decisions("open", "fail_open"),
+        0,
+        "no request failed over the restart"
+    );
+}
+
+#[test]
+fn exactly_one_evalsha_per_decision() {
+    let mut s = setup();
+    // The first call may load the script (NOSCRIPT, SCRIPT LOAD); count after it.
+    assert_eq!(s.proxy.get("/open", &[]).status, 200);
+    let _: () = s.redis().cmd(&["CONFIG", "RESETSTAT"]);
+    for _ in 0..10 {
+        assert_eq!(s.proxy.get("/open", &[]).status, 200);
+    }
+    let mut stats = s.redis().commandstats();
+    assert_eq!(stats.remove("evalsha"), Some(10), "{stats:?}");
+    // INFO counts the commands the script runs too: they are inside the one round trip.
+    for in_script in ["hmget", "hset", "pexpire", "time"] {
+        stats.remove(in_script);
+    }
+    stats.remove("config|resetstat");
+    assert!(
+        stats.is_empty(),
+        "one round trip per decision and nothing else, but also: {stats:?}"
+    );
+    assert_eq!(
+        s.proxy.metric("ratelimit_redis_duration_seconds_count"),
+        11.0
+    );
+}

@@ -1,0 +1,279 @@
+//! What a user sees through the proxy, run against every store: one test body, each backend.
+
+use crate::support::proxy::Proxy;
+use crate::support::redis::RedisServer;
+use crate::support::upstream::Upstream;
+
+/// Where the buckets live for one test.
+pub enum Backend {
+    Redis(RedisServer),
+    Memory,
+}
+
+impl Backend {
+    /// The config's `redis:` section, or nothing for the in-memory store.
+    pub fn section(&self, timeout_ms: u64) -> String {
+        match self {
+            Backend::Redis(r) => format!(
+                "redis:\n  url: \"{}\"\n  timeout_ms: {timeout_ms}\n",
+                r.url()
+            ),
+            Backend::Memory => String::new(),
+        }
+    }
+}
+
+/// A running proxy in front of a counting upstream, with `routes` (YAML, `{upstream}` filled in).
+pub struct Setup {
+    pub upstream: Upstream,
+    pub proxy: Proxy,
+    pub backend: Backend,
+}
+
+impl Setup {
+    pub fn start(backend: Backend, routes: &str) -> Setup {
+        // A budget no loaded CI machine misses on loopback: these tests are about answers.
+        Setup::start_with_timeout(backend, routes, 2000)
+    }
+
+    pub fn start_with_timeout(backend: Backend, routes: &str, timeout_ms: u64) -> Setup {
+        let section = backend.section(timeout_ms);
+        Setup::start_with_config(backend, routes, &section)
+    }
+
+    /// `top` is YAML placed before `routes:` (store section, other top-level settings).
+    pub fn start_with_config(backend: Backend, routes: &str, top: &str) -> Setup {
+        let upstream = Upstream::start();
+        let yaml = format!(
+            "listen: \"{{listen}}\"\nadmin: \"{{admin}}\"\n{top}routes:\n{}",
+            routes.replace("{upstream}", &upstream.addr.to_string())
+        );
+        let proxy = Proxy::start(&yaml);
+        Setup {
+            upstream,
+            proxy,
+            backend,
+        }
+    }
+}
+
+/// Runs each scenario against Redis and against the in-memory store.
+macro_rules! every_backend {
+    ($($name:ident),* $(,)?) => {
+        mod redis_backend {
+            $(#[test] fn $name() { super::$name(super::Backend::Redis(crate::support::redis::RedisServer::start())) })*
+        }
+        mod memory_backend {
+            $(#[test] fn $name() { super::$name(super::Backend::Memory) })*
+        }
+    };
+}
+
+every_backend!(
+    burst_then_429_with_every_header,
+    refill_restores_tokens_after_the_advertised_wait,
+    two_keys_do_not_interfere,
+    the_tighter_of_two_limits_decides,
+    cost_above_one,
+    unmatched_requests_get_404_and_unlimited_routes_pass,
+);
+
+const ONE_LIMIT: &str = "  - name: api
+    upstream: \"{upstream}\"
+    limits:
+      - { name: burst, capacity: 3, refill: \"1/m\" }
+";
+
+fn burst_then_429_with_every_header(backend: Backend) {
+    let s = Setup::start(backend, ONE_LIMIT);
+    // 1/m: one token per 60 s, so nothing refills during the test and every value is exact.
+    for (remaining, reset) in [(2, 60), (1, 120), (0, 180)] {
+        let r = s.proxy.get("/x", &[]);
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.body, "hello from upstream\n");
+        assert_eq!(r.header("x-ratelimit-limit"), Some("3"));
+        assert_eq!(
+            r.header("x-ratelimit-remaining"),
+            Some(remaining.to_string().as_str())
+        );
+        assert_eq!(
+            r.header("x-ratelimit-reset"),
+            Some(reset.to_string().as_str())
+        );
+        assert_eq!(r.header("ratelimit-policy"), Some("\"burst\";q=3;w=180"));
+        assert_eq!(
+            r.header("ratelimit"),
+            Some(format!("\"burst\";r={remaining};t=60").as_str())
+        );
+        assert_eq!(r.header("retry-after"), None);
+    }
+    let r = s.proxy.get("/x", &[]);
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(r.header("retry-after"), Some("60"));
+    assert_eq!(r.header("ratelimit"), Some("\"burst\";r=0;t=60"));
+    assert_eq!(r.header("x-ratelimit-limit"), Some("3"));
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(r.header("x-ratelimit-reset"), Some("180"));
+    assert_eq!(r.header("ratelimit-policy"), Some("\"burst\";q=3;w=180"));
+    assert_eq!(r.header("content-type"), Some("text/plain; charset=utf-8"));
+    assert!(
+        r.body.contains("limit \"burst\" of route \"api\"") && r.body.contains("retry in 60 s"),
+        "{}",
+        r.body
+    );
+
+    assert_eq!(
+        s.upstream.hits(),
+        3,
+        "the rejected request must not reach the upstream"
+    );
+    assert_eq!(s.proxy.decisions("api", "allowed"), 3);
+    assert_eq!(s.proxy.decisions("api", "rejected"), 1);
+    assert_eq!(s.proxy.decisions("api", "fail_open"), 0);
+}
+
+fn refill_restores_tokens_after_the_advertised_wait(backend: Backend) {
+    // 4/s: a token every 250 ms.
+    let s = Setup::start(backend, "  - name: api\n    upstream: \"{upstream}\"\n    limits:\n      - { name: fast, capacity: 2, refill: \"4/s\" }\n");
+    let started = std::time::Instant::now();
+    assert_eq!(s.proxy.get("/", &[]).status, 200);
+    assert_eq!(s.proxy.get("/", &[]).status, 200);
+    let rejected = s.proxy.get("/", &[]);
+    if started.elapsed() < std::time::Duration::from_millis(240) {
+        assert_eq!(rejected.status, 429, "{rejected:?}");
+        assert_eq!(
+            rejected.header("retry-after"),
+            Some("1"),
+            "250 ms, rounded up"
+        );
+    }
+    // Poll until admitted again: never sooner than one token's worth of time.
+    let readmitted = crate::support::wait_for(
+        "a refilled token",
+        std::time::Duration::from_secs(5),
+        || {
+            let r = s.proxy.get("/", &[]);
+            (r.status == 200).then_some((r, started.elapsed()))
+        },
+    );
+    let (r, at) = readmitted;
+    assert!(
+        at >= std::time::Duration::from_millis(250),
+        "re-admitted after only {at:?}"
+    );
+    // One token came back and was spent, unless another refilled meanwhile.
+    let remaining: u64 = r.header("x-ratelimit-remaining").unwrap().parse().unwrap();
+    assert!(remaining <= 1, "{r:?}");
+    assert_eq!(s.proxy.decisions("api", "allowed"), s.upstream.hits());
+}
+
+fn two_keys_do_not_interfere(backend: Backend) {
+    let s = Setup::start(
+        backend,
+        "  - name: api\n    upstream: \"{upstream}\"\n    limits:\n      - { name: per_key, capacity: 2, refill: \"1/h\", key: \"header:X-Api-Key\" }\n",
+    );
+    let a = [("X-Api-Key", "alice")];
+    let b = [("X-Api-Key", "bob")];
+    assert_eq!(s.proxy.get("/", &a).status, 200);
+    assert_eq!(s.proxy.get("/", &a).status, 200);
+    assert_eq!(s.proxy.get("/", &a).status, 429);
+    let r = s.proxy.get("/", &b);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("1"));
+    // Absent and empty headers share one "missing" bucket, apart from every real key.
+    assert_eq!(s.proxy.get("/", &[]).status, 200);
+    assert_eq!(
+        s.proxy
+            .get("/", &[("X-Api-Key", "")])
+            .header("x-ratelimit-remaining"),
+        Some("0")
+    );
+    assert_eq!(s.proxy.get("/", &[]).status, 429);
+    assert_eq!(
+        s.proxy.get("/", &b).header("x-ratelimit-remaining"),
+        Some("0")
+    );
+}
+
+fn the_tighter_of_two_limits_decides(backend: Backend) {
+    let s = Setup::start(
+        backend,
+        "  - name: api
+    upstream: \"{upstream}\"
+    limits:
+      - { name: loose, capacity: 10, refill: \"1/m\" }
+      - { name: tight, capacity: 2, refill: \"1/h\" }
+",
+    );
+    let r = s.proxy.get("/", &[]);
+    assert_eq!(r.header("x-ratelimit-limit"), Some("2"), "{r:?}");
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("1"));
+    assert_eq!(r.header("ratelimit"), Some("\"tight\";r=1;t=3600"));
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        Some("\"loose\";q=10;w=600, \"tight\";q=2;w=7200")
+    );
+    assert_eq!(s.proxy.get("/", &[]).status, 200);
+    let r = s.proxy.get("/", &[]);
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("retry-after"), Some("3600"));
+    assert_eq!(r.header("ratelimit"), Some("\"tight\";r=0;t=3600"));
+    // The rejection took nothing from the loose bucket: 8 left there, still 0 in the tight one.
+    let r = s.proxy.get("/", &[]);
+    assert_eq!((r.status, r.header("x-ratelimit-limit")), (429, Some("2")));
+    assert_eq!(s.upstream.hits(), 2);
+}
+
+fn cost_above_one(backend: Backend) {
+    let s = Setup::start(
+        backend,
+        "  - name: api\n    upstream: \"{upstream}\"\n    limits:\n      - { name: heavy, capacity: 5, refill: \"1/m\", cost: 2 }\n",
+    );
+    assert_eq!(
+        s.proxy.get("/", &[]).header("x-ratelimit-remaining"),
+        Some("3")
+    );
+    assert_eq!(
+        s.proxy.get("/", &[]).header("x-ratelimit-remaining"),
+        Some("1")
+    );
+    let r = s.proxy.get("/", &[]);
+    assert_eq!(r.status, 429);
+    assert_eq!(
+        r.header("x-ratelimit-remaining"),
+        Some("1"),
+        "one token left, the request needs two"
+    );
+    assert_eq!(
+        r.header("retry-after"),
+        Some("60"),
+        "one more token is a minute away"
+    );
+    assert_eq!(s.upstream.hits(), 2);
+}
+
+fn unmatched_requests_get_404_and_unlimited_routes_pass(backend: Backend) {
+    let s = Setup::start(
+        backend,
+        "  - name: api
+    match: { path_prefix: \"/api/\", methods: [GET] }
+    upstream: \"{upstream}\"
+    limits: [{ name: l, capacity: 1, refill: \"1/h\" }]
+  - name: open
+    match: { path_prefix: \"/open\" }
+    upstream: \"{upstream}\"
+",
+    );
+    assert_eq!(s.proxy.get("/nowhere", &[]).status, 404);
+    assert_eq!(
+        crate::support::http::request(s.proxy.addr, "POST", "/api/x", &[("Content-Length", "0")])
+            .status,
+        404
+    );
+    for _ in 0..3 {
+        let r = s.proxy.get("/open/thing", &[]);
+        assert_eq!(r.status, 200);
+        assert!(!r.has_ratelimit_headers(), "{r:?}");
+    }
+    assert_eq!(s.upstream.hits(), 3);
+}

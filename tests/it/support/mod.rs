@@ -1,0 +1,34 @@
+//! Real parts for the scenarios: redis-server processes, an HTTP upstream, the proxy binary, and a
+//! plain HTTP/1.1 client that sends exactly the bytes a test asks for.
+
+pub mod http;
+pub mod proxy;
+pub mod redis;
+pub mod upstream;
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+/// A port nothing listens on right now. Another process may take it before we use it; callers
+/// that bind it retry with a new one.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral port")
+}
+
+/// Polls `f` until it returns `Some`, at most until `limit`; the poll is the test's clock.
+pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -1,0 +1,159 @@
+//! The real `ratelimit-proxy` binary, on a config written to a temp dir. On failure it says
+//! exactly what ran: the command, the config, and the proxy's stderr.
+
+use super::http::{self, Response};
+use super::{free_port, wait_for};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tempfile::TempDir;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_ratelimit-proxy");
+
+pub struct Proxy {
+    child: Option<Child>,
+    dir: TempDir,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    config: String,
+}
+
+impl Proxy {
+    /// Starts the proxy on `yaml`, where `{listen}` and `{admin}` become fresh loopback addresses.
+    pub fn start(yaml: &str) -> Proxy {
+        let mut last = String::new();
+        // A free port can be taken between our probe and the proxy's bind: try fresh ones.
+        for _ in 0..3 {
+            let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            let config = yaml
+                .replace("{listen}", &addr.to_string())
+                .replace("{admin}", &admin.to_string());
+            let dir = tempfile::tempdir().expect("temp dir");
+            let mut proxy = Proxy {
+                child: None,
+                dir,
+                addr,
+                admin,
+                config,
+            };
+            match proxy.spawn() {
+                Ok(()) => return proxy,
+                Err(why) => last = why,
+            }
+        }
+        panic!("the proxy did not start:\n{last}");
+    }
+
+    fn config_path(&self) -> PathBuf {
+        self.dir.path().join("routes.yaml")
+    }
+
+    fn stderr_path(&self) -> PathBuf {
+        self.dir.path().join("stderr.log")
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        std::fs::write(self.config_path(), &self.config).expect("write config");
+        let stderr = std::fs::File::create(self.stderr_path()).expect("stderr file");
+        let child = Command::new(BIN)
+            .arg("--config")
+            .arg(self.config_path())
+            .env("RUST_LOG", "info,ratelimit_proxy=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .map_err(|e| format!("spawn {BIN}: {e}"))?;
+        self.child = Some(child);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                return Err(format!("exited with {status}\n{}", self.report()));
+            }
+            let admin_up = http::send_raw(
+                self.admin,
+                b"GET /healthz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+            )
+            .is_ok_and(|r| r.status == 200);
+            if admin_up && TcpStream::connect(self.addr).is_ok() {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(format!("not healthy within 20 s\n{}", self.report()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// What a failure message needs: the command, the config and stderr.
+    pub fn report(&self) -> String {
+        format!(
+            "command: {BIN} --config {}\n--- config ---\n{}\n--- stderr ---\n{}",
+            self.config_path().display(),
+            self.config,
+            std::fs::read_to_string(self.stderr_path()).unwrap_or_default()
+        )
+    }
+
+    pub fn get(&self, path: &str, headers: &[(&str, &str)]) -> Response {
+        http::get(self.addr, path, headers)
+    }
+
+    pub fn admin_get(&self, path: &str) -> Response {
+        http::get(self.admin, path, &[])
+    }
+
+    /// The value of one series, e.g. `ratelimit_decisions_total{decision="allowed",route="api"}`;
+    /// 0 when absent.
+    pub fn metric(&self, series: &str) -> f64 {
+        let text = self.admin_get("/metrics").body;
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(series)
+                    .and_then(|rest| rest.strip_prefix(' '))
+            })
+            .map_or(0.0, |v| {
+                v.trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("metric {series}: {v:?}"))
+            })
+    }
+
+    /// `ratelimit_decisions_total` of one route and decision.
+    pub fn decisions(&self, route: &str, decision: &str) -> u64 {
+        self.metric(&format!(
+            "ratelimit_decisions_total{{decision=\"{decision}\",route=\"{route}\"}}"
+        )) as u64
+    }
+
+    /// Sends SIGTERM and waits for the exit, at most `limit`.
+    pub fn terminate(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let child = self.child.as_mut().expect("running");
+        let pid = child.id().to_string();
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill -TERM");
+        wait_for("the proxy to exit after SIGTERM", limit, || {
+            child.try_wait().ok().flatten()
+        })
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- proxy ---\n{}", self.report());
+        }
+    }
+}
