@@ -277,3 +277,63 @@ fn unmatched_requests_get_404_and_unlimited_routes_pass(backend: Backend) {
     }
     assert_eq!(s.upstream.hits(), 3);
 }
+
+/// Whatever a client sends, it gets a 4xx or a closed connection, and the proxy serves the next
+/// request as before.
+#[test]
+fn hostile_requests_get_4xx_and_the_proxy_lives_on() {
+    use crate::support::http::{send_raw, send_raw_half_closed};
+    let redis = RedisServer::start();
+    let s = Setup::start(Backend::Redis(redis), "  - name: api\n    upstream: \"{upstream}\"\n    limits:\n      - { name: k, capacity: 100, refill: \"1/s\", key: \"header:X-Api-Key\" }\n");
+    let huge = "a".repeat(100_000);
+    let binary_key =
+        "GET / HTTP/1.1\r\nHost: x\r\nX-Api-Key: caf\u{e9} {}}{ ~#\r\nConnection: close\r\n\r\n";
+    let long_key = format!(
+        "GET / HTTP/1.1\r\nHost: x\r\nX-Api-Key: {}\r\nConnection: close\r\n\r\n",
+        "k".repeat(10_000)
+    );
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage", b"\x00\x01\x02 not http at all\r\n\r\n".to_vec()),
+        (
+            "control bytes in a header",
+            b"GET / HTTP/1.1\r\nHost: x\r\nX-Api-Key: \x01\x7f\r\n\r\n".to_vec(),
+        ),
+        ("bad request line", b"GET\r\n\r\n".to_vec()),
+        ("bad version", b"GET / HTTP/9.9\r\nHost: x\r\n\r\n".to_vec()),
+        (
+            "huge header",
+            format!("GET / HTTP/1.1\r\nHost: x\r\nX-Big: {huge}\r\n\r\n").into_bytes(),
+        ),
+        (
+            "bad content-length",
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n".to_vec(),
+        ),
+        ("truncated", b"GET / HTTP/1.1\r\nHost: x\r\n".to_vec()),
+    ];
+    for (what, raw) in cases {
+        // A closed connection without a response is also an acceptable answer to garbage.
+        if let Ok(r) = send_raw_half_closed(s.proxy.addr, &raw) {
+            assert!((400..500).contains(&r.status), "{what}: {r:?}");
+        }
+        assert_eq!(
+            s.proxy.get("/", &[]).status,
+            200,
+            "the proxy must survive {what:?}"
+        );
+    }
+    // Odd but valid key values are limited like any other, in bounded keys.
+    for raw in [binary_key.to_string(), long_key] {
+        let r = send_raw(s.proxy.addr, raw.as_bytes()).unwrap();
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.header("x-ratelimit-remaining"), Some("99"));
+    }
+    let Backend::Redis(redis) = &s.backend else {
+        unreachable!()
+    };
+    let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+    assert!(
+        keys.iter()
+            .all(|k| k.len() < 80 && k.matches('{').count() == 1),
+        "{keys:?}"
+    );
+}

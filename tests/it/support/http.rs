@@ -52,9 +52,22 @@ pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &st
 
 /// Sends `raw` as is and reads the response until the server closes.
 pub fn send_raw(addr: SocketAddr, raw: &[u8]) -> std::io::Result<Response> {
+    exchange(addr, raw, false)
+}
+
+/// Like `send_raw`, then closes the sending side, so a server waiting for the rest of a
+/// truncated request sees the end instead of waiting for it.
+pub fn send_raw_half_closed(addr: SocketAddr, raw: &[u8]) -> std::io::Result<Response> {
+    exchange(addr, raw, true)
+}
+
+fn exchange(addr: SocketAddr, raw: &[u8], half_close: bool) -> std::io::Result<Response> {
     let mut stream = TcpStream::connect(addr)?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     stream.write_all(raw)?;
+    if half_close {
+        stream.shutdown(std::net::Shutdown::Write)?;
+    }
     let mut bytes = Vec::new();
     stream.read_to_end(&mut bytes)?;
     let text = String::from_utf8_lossy(&bytes);
