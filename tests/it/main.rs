@@ -2,6 +2,7 @@
 //! One test binary, so it links once.
 
 mod cli;
+mod compose;
 mod config_errors;
 mod lua_script;
 mod redis_faults;
