@@ -15,9 +15,11 @@
 --   reset_us   until the bucket is full again (0 when full)
 --   wait_us    when ok: until the next whole token (0 when full); when not ok: until `cost` is there
 --
--- State: a hash per bucket, v = units held, t = the microsecond v was computed for. Units are exact
--- integers: refill adds (elapsed µs × num) units, so no rounding is ever carried or lost, and the
--- caller keeps capacity × scale + num within 2^53 so that Lua's doubles stay exact.
+-- State: a hash per bucket, v = units held, t = the microsecond v was computed for, s = the scale v
+-- is in. Units are exact integers: refill adds (elapsed µs × num) units, so no rounding is ever
+-- carried or lost, and the caller keeps capacity × scale + num within 2^53 so that Lua's doubles
+-- stay exact. When a reload changed the limit, the tokens held carry over (converted to the new
+-- scale, rounded down) and never exceed the new capacity.
 --
 -- By hand:  redis-cli --eval lua/token_bucket.lua rl:{demo}:l , "" 3 1000000 1 1
 --           (capacity 3, one token per second, cost 1)
@@ -39,10 +41,15 @@ for i = 1, n do
   num[i] = tonumber(ARGV[a + 2])
   cost[i] = tonumber(ARGV[a + 3]) * scale[i]
 
-  local state = redis.call('HMGET', KEYS[i], 'v', 't')
-  local held, at = tonumber(state[1]), tonumber(state[2])
+  local state = redis.call('HMGET', KEYS[i], 'v', 't', 's')
+  local held, at, was = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
   if held == nil or at == nil then
     held, at = cap[i], now
+  elseif was ~= nil and was ~= scale[i] then
+    held = math.floor(held * scale[i] / was)
+  end
+  if held > cap[i] then
+    held = cap[i]
   end
   -- A clock that reads earlier than the stored instant (another proxy's clock) refills nothing and
   -- never moves t backwards, so skew cannot credit the same interval twice.
@@ -75,7 +82,7 @@ for i = 1, n do
     local fill_us = math.ceil((cap[i] - v[i]) / num[i])
     -- Expire no earlier than the bucket would be full again: a key that vanishes early reads as a
     -- full bucket, which is over-admission. The second of margin covers proxy-clock skew.
-    redis.call('HSET', KEYS[i], 'v', string.format('%.0f', v[i]), 't', string.format('%.0f', t[i]))
+    redis.call('HSET', KEYS[i], 'v', string.format('%.0f', v[i]), 't', string.format('%.0f', t[i]), 's', scale[i])
     redis.call('PEXPIRE', KEYS[i], math.ceil(fill_us / 1000) + 1000)
   end
   local whole = math.floor(v[i] / scale[i])

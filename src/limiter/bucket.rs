@@ -5,21 +5,31 @@
 
 use super::{BucketParams, Decision, LimitState};
 
-/// A stored bucket: `v` units held as of microsecond `t`.
+/// A stored bucket: `v` units of `1/scale` token held as of microsecond `t`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct State {
     pub v: u64,
     pub t: u64,
+    /// The scale `v` was written in; a reload may have changed the limit since.
+    pub scale: u64,
 }
 
 impl State {
     /// The microsecond at which this bucket is full again: from then on it is the same as no state
     /// at all, so it may be forgotten (Redis: PEXPIRE).
     pub fn full_at(&self, p: &BucketParams) -> u64 {
-        self.t
-            + (p.capacity * p.scale)
-                .saturating_sub(self.v)
-                .div_ceil(p.num)
+        self.t + (p.capacity * p.scale - self.rescaled(p)).div_ceil(p.num)
+    }
+
+    /// `v` in `p`'s units: the tokens held carry over a limit change, rounded down, and never
+    /// exceed the capacity (a shrunk limit must not keep the old burst).
+    fn rescaled(&self, p: &BucketParams) -> u64 {
+        let v = if self.scale == p.scale || self.scale == 0 {
+            self.v
+        } else {
+            (u128::from(self.v) * u128::from(p.scale) / u128::from(self.scale)) as u64
+        };
+        v.min(p.capacity * p.scale)
     }
 }
 
@@ -32,10 +42,7 @@ pub fn evaluate(now: u64, params: &[BucketParams], states: &mut [Option<State>])
     let mut refilled = Vec::with_capacity(params.len());
     for (p, s) in params.iter().zip(states.iter()) {
         let cap = p.capacity * p.scale;
-        let State {
-            v: mut held,
-            t: mut at,
-        } = s.unwrap_or(State { v: cap, t: now });
+        let (mut held, mut at) = s.map_or((cap, now), |s| (s.rescaled(p), s.t));
         // A clock behind the stored instant refills nothing and never moves t back.
         if now > at {
             let missing = cap.saturating_sub(held);
@@ -52,7 +59,11 @@ pub fn evaluate(now: u64, params: &[BucketParams], states: &mut [Option<State>])
         if held < p.cost * p.scale {
             allowed = false;
         }
-        refilled.push(State { v: held, t: at });
+        refilled.push(State {
+            v: held,
+            t: at,
+            scale: p.scale,
+        });
     }
 
     let mut limits = Vec::with_capacity(params.len());
@@ -136,7 +147,14 @@ mod tests {
     #[test]
     fn all_or_nothing() {
         let big = BucketParams { capacity: 10, ..P };
-        let mut s = [None, Some(State { v: 0, t: 0 })];
+        let mut s = [
+            None,
+            Some(State {
+                v: 0,
+                t: 0,
+                scale: P.scale,
+            }),
+        ];
         let d = evaluate(0, &[big, P], &mut s);
         assert!(!d.allowed);
         assert!(d.limits[0].ok && !d.limits[1].ok);
@@ -147,9 +165,46 @@ mod tests {
 
     #[test]
     fn skewed_clock_never_credits_twice() {
-        let mut s = [Some(State { v: 0, t: 5_000_000 })];
+        let mut s = [Some(State {
+            v: 0,
+            t: 5_000_000,
+            scale: P.scale,
+        })];
         assert!(!evaluate(4_000_000, &[P], &mut s).allowed);
-        assert_eq!(s[0], Some(State { v: 0, t: 5_000_000 }));
+        assert_eq!(
+            s[0],
+            Some(State {
+                v: 0,
+                t: 5_000_000,
+                scale: P.scale
+            })
+        );
+    }
+
+    #[test]
+    fn a_changed_limit_keeps_the_tokens_held_within_the_new_capacity() {
+        // 3 of 10 tokens left at 1 token/s; the limit becomes 5 tokens at 10 tokens/s.
+        let old = BucketParams { capacity: 10, ..P };
+        let mut s = [Some(State {
+            v: 3_000_000,
+            t: 0,
+            scale: old.scale,
+        })];
+        let new = BucketParams {
+            capacity: 5,
+            scale: 100_000,
+            num: 1,
+            cost: 1,
+        };
+        let d = evaluate(0, &[new], &mut s);
+        assert_eq!(d.limits[0].remaining, 2, "3 tokens carried over, 1 spent");
+        // Shrunk below what was held: clamped to the new capacity.
+        let mut s = [Some(State {
+            v: 9_000_000,
+            t: 0,
+            scale: old.scale,
+        })];
+        assert_eq!(evaluate(0, &[new], &mut s).limits[0].remaining, 4);
     }
 
     #[test]
@@ -160,7 +215,11 @@ mod tests {
             num: 1,
             cost: 1,
         };
-        let mut s = [Some(State { v: 0, t: 0 })];
+        let mut s = [Some(State {
+            v: 0,
+            t: 0,
+            scale: 1,
+        })];
         let d = evaluate(u64::MAX / 2, &[fast], &mut s);
         assert_eq!(d.limits[0].remaining, 999_999_999);
         assert_eq!(s[0].unwrap().full_at(&fast), u64::MAX / 2 + 1);
