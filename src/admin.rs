@@ -3,6 +3,7 @@
 
 use crate::limiter::Limiter;
 use crate::metrics;
+use crate::reload::LivePlan;
 use async_trait::async_trait;
 use http::{header, Response, StatusCode};
 use pingora::apps::http_app::ServeHttp;
@@ -13,16 +14,28 @@ use std::sync::Arc;
 pub struct Admin<L> {
     registry: Registry,
     limiter: Arc<L>,
-    /// Some route fails closed: then the proxy is not ready while the store is unreachable.
-    needs_store: bool,
+    /// Read per `/readyz`: whether a route fails closed can change with a reload.
+    plan: LivePlan,
 }
 
 impl<L> Admin<L> {
-    pub fn new(registry: Registry, limiter: Arc<L>, needs_store: bool) -> Self {
+    pub fn new(registry: Registry, limiter: Arc<L>, plan: LivePlan) -> Self {
         Admin {
             registry,
             limiter,
-            needs_store,
+            plan,
+        }
+    }
+}
+
+impl<L: Limiter> Admin<L> {
+    /// Ready when the store answers, or when no route needs it to (every limited route fails
+    /// open, or there is nothing to limit): then the store is not asked at all.
+    async fn readiness(&self) -> Result<(), crate::limiter::LimiterError> {
+        if self.plan.load().needs_store() {
+            self.limiter.ping().await
+        } else {
+            Ok(())
         }
     }
 }
@@ -38,13 +51,13 @@ impl<L: Limiter> ServeHttp for Admin<L> {
                 metrics::render(&self.registry),
             ),
             "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
-            "/readyz" => match (self.needs_store, self.limiter.ping().await) {
-                (true, Err(e)) => (
+            "/readyz" => match self.readiness().await {
+                Ok(()) => (StatusCode::OK, "text/plain", "ready\n".to_string()),
+                Err(e) => (
                     StatusCode::SERVICE_UNAVAILABLE,
                     "text/plain",
                     format!("not ready: rate-limit store: {e}\n"),
                 ),
-                _ => (StatusCode::OK, "text/plain", "ready\n".to_string()),
             },
             _ => (
                 StatusCode::NOT_FOUND,

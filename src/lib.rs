@@ -18,5 +18,6 @@ pub mod limiter;
 pub mod metrics;
 pub mod plan;
 pub mod proxy;
+pub mod reload;
 pub mod route;
 pub mod server;

@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::Parser;
 use ratelimit_proxy::config::Config;
+use ratelimit_proxy::server::RunOptions;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -16,6 +17,17 @@ struct Cli {
     /// Validate the config, list every problem, and exit: 0 when valid.
     #[arg(long)]
     check: bool,
+    /// Take the listening sockets over from the running instance, which gets SIGQUIT next
+    /// (zero-downtime upgrade; see the README).
+    #[arg(long)]
+    upgrade: bool,
+    /// The socket the running and the upgrading instance hand the listeners over on.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/tmp/ratelimit-proxy-upgrade.sock"
+    )]
+    upgrade_sock: PathBuf,
 }
 
 fn main() -> ExitCode {
@@ -36,7 +48,11 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    match ratelimit_proxy::server::run(config).context("cannot start") {
+    let options = RunOptions {
+        upgrade: cli.upgrade,
+        upgrade_sock: cli.upgrade_sock,
+    };
+    match ratelimit_proxy::server::run(config, &cli.config, options).context("cannot start") {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -2,7 +2,8 @@
 //! stay bounded (route names and fixed words — never a client key).
 
 use prometheus::{
-    exponential_buckets, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry,
+    exponential_buckets, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
 use std::time::Duration;
 
@@ -41,6 +42,9 @@ pub struct Metrics {
     decisions: IntCounterVec,
     redis_duration: Histogram,
     redis_errors: IntCounterVec,
+    reloads: IntCounterVec,
+    last_reload_success: IntGauge,
+    config_info: IntGaugeVec,
 }
 
 /// One route's decision counters, resolved once so the request path does no label lookup.
@@ -78,16 +82,44 @@ impl Metrics {
             ),
             &["kind"],
         )?;
+        let reloads = IntCounterVec::new(
+            Opts::new(
+                "ratelimit_config_reloads_total",
+                "Config reloads, by result",
+            ),
+            &["result"],
+        )?;
+        let last_reload_success = IntGauge::new(
+            "ratelimit_config_last_reload_success",
+            "1 when the last reload was applied, 0 when it was refused",
+        )?;
+        let config_info = IntGaugeVec::new(
+            Opts::new(
+                "ratelimit_config_info",
+                "The running config, by the SHA-1 prefix of its file (always 1)",
+            ),
+            &["hash"],
+        )?;
         registry.register(Box::new(decisions.clone()))?;
         registry.register(Box::new(redis_duration.clone()))?;
         registry.register(Box::new(redis_errors.clone()))?;
+        registry.register(Box::new(reloads.clone()))?;
+        registry.register(Box::new(last_reload_success.clone()))?;
+        registry.register(Box::new(config_info.clone()))?;
         for kind in ERROR_KINDS {
             redis_errors.with_label_values(&[kind]);
         }
+        for result in ["success", "failure"] {
+            reloads.with_label_values(&[result]);
+        }
+        last_reload_success.set(1);
         Ok(Metrics {
             decisions,
             redis_duration,
             redis_errors,
+            reloads,
+            last_reload_success,
+            config_info,
         })
     }
 
@@ -102,6 +134,19 @@ impl Metrics {
 
     pub fn redis_error(&self, kind: &'static str) {
         self.redis_errors.with_label_values(&[kind]).inc();
+    }
+
+    /// A reload was applied (`true`) or refused.
+    pub fn config_reload(&self, applied: bool) {
+        let result = if applied { "success" } else { "failure" };
+        self.reloads.with_label_values(&[result]).inc();
+        self.last_reload_success.set(i64::from(applied));
+    }
+
+    /// The config now running, by hash: exactly one series at a time.
+    pub fn config_running(&self, hash: &str) {
+        self.config_info.reset();
+        self.config_info.with_label_values(&[hash]).set(1);
     }
 }
 

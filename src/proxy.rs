@@ -7,6 +7,7 @@ use crate::key::Identity;
 use crate::limiter::{Bucket, Decision, Limiter};
 use crate::metrics::Outcome;
 use crate::plan::{Plan, RoutePlan};
+use crate::reload::LivePlan;
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::header;
@@ -15,12 +16,12 @@ use pingora::prelude::*;
 use std::sync::Arc;
 
 pub struct RateLimitProxy<L> {
-    plan: Arc<Plan>,
+    plan: LivePlan,
     limiter: Arc<L>,
 }
 
 impl<L> RateLimitProxy<L> {
-    pub fn new(plan: Arc<Plan>, limiter: Arc<L>) -> Self {
+    pub fn new(plan: LivePlan, limiter: Arc<L>) -> Self {
         RateLimitProxy { plan, limiter }
     }
 }
@@ -28,6 +29,9 @@ impl<L> RateLimitProxy<L> {
 /// What one request carries from phase to phase.
 #[derive(Default)]
 pub struct RequestCtx {
+    /// The plan this request started under: a reload mid-request does not move it to another
+    /// route table.
+    plan: Option<Arc<Plan>>,
     route: Option<usize>,
     outcome: Option<Outcome>,
     /// Kept for `response_filter` when the request was allowed.
@@ -48,11 +52,8 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             .uri
             .host()
             .or_else(|| req.headers.get(header::HOST).and_then(|h| h.to_str().ok()));
-        let Some(index) = self
-            .plan
-            .table
-            .find(host, req.method.as_str(), req.uri.path())
-        else {
+        let plan = self.plan.load_full();
+        let Some(index) = plan.table.find(host, req.method.as_str(), req.uri.path()) else {
             respond(
                 session,
                 404,
@@ -63,7 +64,8 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             return Ok(true);
         };
         ctx.route = Some(index);
-        let route = &self.plan.routes[index];
+        let plan = &*ctx.plan.insert(plan);
+        let route = &plan.routes[index];
         if route.params.is_empty() {
             return Ok(false);
         }
@@ -130,9 +132,7 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         _session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
-        let route = ctx
-            .route
-            .and_then(|i| self.plan.routes.get(i))
+        let route = route_of(ctx)
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
         Ok(Box::new(HttpPeer::new(route.peer, false, String::new())))
     }
@@ -143,8 +143,8 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if let (Some(decision), Some(i)) = (&ctx.decision, ctx.route) {
-            self.plan.routes[i].headers.each(decision, |name, value| {
+        if let (Some(decision), Some(route)) = (&ctx.decision, route_of(ctx)) {
+            route.headers.each(decision, |name, value| {
                 // Only fails for an invalid header name, and ours are constants.
                 let _ = upstream_response.insert_header(name, value);
             });
@@ -153,10 +153,14 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
     }
 
     async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
-        if let (Some(i), Some(outcome)) = (ctx.route, ctx.outcome) {
-            self.plan.routes[i].counters.count(outcome);
+        if let (Some(route), Some(outcome)) = (route_of(ctx), ctx.outcome) {
+            route.counters.count(outcome);
         }
     }
+}
+
+fn route_of(ctx: &RequestCtx) -> Option<&RoutePlan> {
+    ctx.plan.as_ref()?.routes.get(ctx.route?)
 }
 
 /// The store key of every limit of `route` for this request.

@@ -1,5 +1,6 @@
-//! Builds Pingora's `Server` from a validated config: the proxy service, the admin service, and the
-//! store behind them. Knows how the pieces are wired, not how a request is handled.
+//! Builds Pingora's `Server` from a validated config: the proxy service, the admin service, the
+//! config watcher, and the store behind them. Knows how the pieces are wired, not how a request is
+//! handled.
 
 use crate::admin::Admin;
 use crate::clock::{Clock, SystemClock};
@@ -10,10 +11,27 @@ use crate::limiter::{Limiter, LimiterError};
 use crate::metrics::Metrics;
 use crate::plan::{Plan, PlanError};
 use crate::proxy::RateLimitProxy;
-use pingora::server::configuration::ServerConf;
+use crate::reload::{LivePlan, Reloader, Watcher};
+use arc_swap::ArcSwap;
+use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
+use pingora::services::background::background_service;
 use pingora::services::listening::Service;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
+
+/// How often the config file is checked for changes.
+const WATCH_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Process-level choices that are not part of the routes config.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Take the listening sockets over from a running instance (zero-downtime upgrade).
+    pub upgrade: bool,
+    /// Where the old and the new instance hand the sockets over.
+    pub upgrade_sock: PathBuf,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -25,11 +43,23 @@ pub enum StartError {
     Store(#[from] LimiterError),
 }
 
-/// Starts serving `config`; returns only if the server could not be built.
-pub fn run(config: Config) -> Result<(), StartError> {
+/// Starts serving `config`, read from `path` (watched for reloads); returns only if the server
+/// could not be built.
+pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), StartError> {
     let registry = prometheus::default_registry().clone();
     let metrics = Metrics::new(&registry)?;
-    let plan = Arc::new(Plan::compile(&config, &metrics)?);
+    let plan: LivePlan = Arc::new(ArcSwap::from_pointee(Plan::compile(&config, &metrics)?));
+    let parts = Parts {
+        reloader: Arc::new(Reloader::new(
+            path,
+            config.clone(),
+            plan.clone(),
+            metrics.clone(),
+        )),
+        plan,
+        registry,
+        options,
+    };
     match &config.redis {
         Some(redis) => {
             let clock: Option<Box<dyn Clock>> = match redis.clock {
@@ -37,41 +67,43 @@ pub fn run(config: Config) -> Result<(), StartError> {
                 ClockSource::Proxy => Some(Box::new(SystemClock)),
             };
             let limiter = RedisLimiter::new(&redis.url, redis.timeout, clock, metrics)?;
-            serve(&config, plan, Arc::new(limiter), registry)
+            serve(&config, parts, Arc::new(limiter))
         }
         None => {
             log::warn!("no `redis:` section: limits are kept in this process's memory and hold per proxy, not across a fleet");
-            serve(
-                &config,
-                plan,
-                Arc::new(MemoryLimiter::new(SystemClock)),
-                registry,
-            )
+            let limiter = MemoryLimiter::new(SystemClock, config.memory.max_keys);
+            serve(&config, parts, Arc::new(limiter))
         }
     }
 }
 
-fn serve<L: Limiter>(
-    config: &Config,
-    plan: Arc<Plan>,
-    limiter: Arc<L>,
+struct Parts {
+    plan: LivePlan,
+    reloader: Arc<Reloader>,
     registry: prometheus::Registry,
-) -> Result<(), StartError> {
+    options: RunOptions,
+}
+
+fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(), StartError> {
     let conf = ServerConf {
         threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
         // Pingora stops accepting at SIGTERM, lets in-flight requests run for the grace period,
         // then gives its runtimes a last second to wind down.
         grace_period_seconds: Some(config.shutdown_grace.as_secs()),
         graceful_shutdown_timeout_seconds: Some(1),
+        upgrade_sock: parts.options.upgrade_sock.display().to_string(),
         ..ServerConf::default()
     };
-    let mut server = Server::new_with_opt_and_conf(None, conf);
+    let opt = Opt {
+        upgrade: parts.options.upgrade,
+        ..Opt::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
-    let needs_store = plan.needs_store();
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
-        RateLimitProxy::new(plan, limiter.clone()),
+        RateLimitProxy::new(parts.plan.clone(), limiter.clone()),
         "ratelimit-proxy",
     );
     for addr in &config.listen {
@@ -79,10 +111,14 @@ fn serve<L: Limiter>(
     }
     let mut admin = Service::new(
         "admin".to_string(),
-        Admin::new(registry, limiter, needs_store),
+        Admin::new(parts.registry, limiter, parts.plan),
     );
     admin.add_tcp(&config.admin.to_string());
     admin.threads = Some(1);
+    let watcher = background_service(
+        "config watcher",
+        Watcher::new(parts.reloader, WATCH_INTERVAL),
+    );
 
     log::info!(
         "proxy listening on {:?}, admin on {} ({} routes)",
@@ -92,5 +128,6 @@ fn serve<L: Limiter>(
     );
     server.add_service(proxy);
     server.add_service(admin);
+    server.add_service(watcher);
     server.run_forever()
 }

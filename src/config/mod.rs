@@ -28,6 +28,8 @@ pub struct Config {
     pub redis: Option<RedisSettings>,
     /// How long SIGTERM lets in-flight requests finish.
     pub shutdown_grace: Duration,
+    /// The in-memory store's bounds (used when `redis` is `None`).
+    pub memory: MemorySettings,
     pub routes: Vec<Route>,
 }
 
@@ -39,6 +41,15 @@ pub struct RedisSettings {
     pub key_prefix: String,
     pub clock: ClockSource,
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemorySettings {
+    /// Buckets tracked at most; see `limiter::memory` for what happens at the cap.
+    pub max_keys: usize,
+}
+
+/// Default for `memory.max_keys`: about 100 MB of buckets.
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
 /// Whose clock a bucket refills by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

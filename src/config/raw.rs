@@ -11,6 +11,7 @@ pub(super) struct RawConfig {
     pub redis: Option<RawRedis>,
     pub on_redis_error: Option<String>,
     pub shutdown_grace_seconds: Option<u64>,
+    pub memory: Option<RawMemory>,
     /// Routes stay untyped here so that one bad route cannot hide the problems of the others:
     /// each is deserialized on its own.
     #[serde(default)]
@@ -31,6 +32,12 @@ pub(super) struct RawRedis {
     pub timeout_ms: Option<u64>,
     pub key_prefix: Option<String>,
     pub clock: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMemory {
+    pub max_keys: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -132,12 +132,26 @@ impl Validator<'_> {
                 format!("must be at most 3600, got {grace}"),
             );
         }
+        let max_keys = raw
+            .memory
+            .and_then(|m| m.max_keys)
+            .unwrap_or(DEFAULT_MAX_KEYS as u64);
+        if !(1_000..=1_000_000_000).contains(&max_keys) {
+            self.problem(
+                None,
+                vec![key("memory"), key("max_keys")],
+                format!("must be between 1000 and 1000000000, got {max_keys}"),
+            );
+        }
         let routes = self.routes(raw.routes, default_fail.unwrap_or(FailMode::Open));
         Some(Config {
             listen: listen?,
             admin: admin?,
             redis,
             shutdown_grace: Duration::from_secs(grace),
+            memory: MemorySettings {
+                max_keys: max_keys as usize,
+            },
             routes,
         })
     }

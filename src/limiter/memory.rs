@@ -1,43 +1,109 @@
 //! Buckets in process memory, with the arithmetic of the Lua script (`bucket::evaluate`).
 //!
 //! The store when the config has no `redis:` (limits then hold per proxy, not per fleet), and the
-//! oracle the Redis backend is tested against. Keys are sharded by their `{hash tag}`, the same
-//! rule Redis Cluster uses: every key of one decision shares the tag, so a decision takes exactly
-//! one short lock and threads deciding for different clients rarely meet.
+//! oracle the Redis backend is tested against.
+//!
+//! Keys are sharded by their `{hash tag}`, the rule Redis Cluster uses: every key of one decision
+//! shares the tag, so a decision takes exactly one short lock, and threads deciding for different
+//! clients rarely meet.
+//!
+//! Memory is bounded. A bucket that is full again is the same as no bucket, so it is forgotten
+//! (swept every few thousand inserts into its shard, as Redis expires the key). When a shard still
+//! reaches its share of `max_keys`, it first sweeps, then drops the bucket that would be full
+//! soonest among a small sample (Redis's `volatile-ttl` policy): that client gets back at most the
+//! few tokens its bucket was missing, and no new client is ever refused or let through unlimited.
 
 use super::bucket::{evaluate, State};
 use super::{Bucket, Decision, Limiter, LimiterError};
 use crate::clock::Clock;
-use std::collections::hash_map::DefaultHasher;
+use std::collections::hash_map::{DefaultHasher, Entry};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
 const SHARDS: usize = 64;
+/// Inserts into a shard between two sweeps of its full buckets.
+const SWEEP_EVERY: usize = 4096;
+/// Buckets looked at to choose one to drop at the cap.
+const EVICTION_SAMPLE: usize = 16;
 
 pub struct MemoryLimiter<C> {
     clock: C,
-    shards: Vec<Mutex<HashMap<String, State>>>,
+    shards: Vec<Mutex<Shard>>,
+    shard_cap: usize,
+}
+
+#[derive(Default)]
+struct Shard {
+    buckets: HashMap<String, Stored>,
+    inserts: usize,
+}
+
+#[derive(Clone, Copy)]
+struct Stored {
+    state: State,
+    /// When the bucket is full again, with the limit it was written under.
+    full_at: u64,
+}
+
+impl Shard {
+    /// Forgets every bucket that is full again at `now`.
+    fn sweep(&mut self, now: u64) {
+        self.buckets.retain(|_, s| s.full_at > now);
+        self.inserts = 0;
+    }
+
+    /// Makes room for one more bucket under `cap`.
+    fn make_room(&mut self, now: u64, cap: usize) {
+        self.inserts += 1;
+        if self.inserts >= SWEEP_EVERY || self.buckets.len() >= cap {
+            self.sweep(now);
+        }
+        while self.buckets.len() >= cap {
+            let victim = self
+                .buckets
+                .iter()
+                .take(EVICTION_SAMPLE)
+                .min_by_key(|(_, s)| s.full_at)
+                .map(|(k, _)| k.clone());
+            match victim {
+                Some(k) => self.buckets.remove(&k),
+                None => break,
+            };
+        }
+    }
 }
 
 impl<C: Clock> MemoryLimiter<C> {
-    pub fn new(clock: C) -> MemoryLimiter<C> {
+    /// A store that tracks at most about `max_keys` buckets.
+    pub fn new(clock: C, max_keys: usize) -> MemoryLimiter<C> {
         MemoryLimiter {
             clock,
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shard_cap: (max_keys / SHARDS).max(1),
         }
     }
 
-    fn shard(&self, tag: &str) -> &Mutex<HashMap<String, State>> {
+    fn shard(&self, tag: &str) -> &Mutex<Shard> {
         let mut h = DefaultHasher::new();
         tag.hash(&mut h);
         &self.shards[(h.finish() as usize) % SHARDS]
     }
 
+    /// Buckets tracked right now.
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).buckets.len())
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Decides synchronously; the lock is never held across an await.
     pub fn decide(&self, buckets: &[Bucket<'_>]) -> Result<Decision, LimiterError> {
-        let now = self.clock.now_us();
-        let params: Vec<_> = buckets.iter().map(|b| b.params).collect();
         let Some(first) = buckets.first() else {
             return Ok(Decision {
                 allowed: true,
@@ -51,28 +117,49 @@ impl<C: Clock> MemoryLimiter<C> {
                 "the keys of one decision must share a {hash tag}".into(),
             ));
         }
+        let now = self.clock.now_us();
+        let params: Vec<_> = buckets.iter().map(|b| b.params).collect();
         // A poisoned shard only means another thread panicked mid-update of plain integers.
-        let mut map = self.shard(tag).lock().unwrap_or_else(|e| e.into_inner());
+        let mut shard = self.shard(tag).lock().unwrap_or_else(|e| e.into_inner());
         let mut states: Vec<Option<State>> = buckets
             .iter()
             .zip(&params)
             // A bucket past its full instant is a full bucket, as an expired Redis key is.
-            .map(|(b, p)| map.get(b.key).copied().filter(|s| s.full_at(p) > now))
+            .map(|(b, p)| {
+                shard
+                    .buckets
+                    .get(b.key)
+                    .map(|s| s.state)
+                    .filter(|s| s.full_at(p) > now)
+            })
             .collect();
         let decision = evaluate(now, &params, &mut states);
         if decision.allowed {
-            for (b, s) in buckets.iter().zip(states) {
-                if let Some(s) = s {
-                    match map.get_mut(b.key) {
-                        Some(slot) => *slot = s,
-                        None => {
-                            map.insert(b.key.to_string(), s);
-                        }
-                    }
+            for ((b, p), state) in buckets.iter().zip(&params).zip(states) {
+                let Some(state) = state else { continue };
+                let stored = Stored {
+                    state,
+                    full_at: state.full_at(p),
+                };
+                if let Entry::Occupied(mut e) = shard.buckets.entry(b.key.to_string()) {
+                    e.insert(stored);
+                    continue;
                 }
+                shard.make_room(now, self.shard_cap);
+                shard.buckets.insert(b.key.to_string(), stored);
             }
         }
         Ok(decision)
+    }
+}
+
+impl<C: Clock> Limiter for MemoryLimiter<C> {
+    async fn check(&self, buckets: &[Bucket<'_>]) -> Result<Decision, LimiterError> {
+        self.decide(buckets)
+    }
+
+    async fn ping(&self) -> Result<(), LimiterError> {
+        Ok(())
     }
 }
 
@@ -89,12 +176,77 @@ fn hash_tag(key: &str) -> &str {
         .unwrap_or(key)
 }
 
-impl<C: Clock> Limiter for MemoryLimiter<C> {
-    async fn check(&self, buckets: &[Bucket<'_>]) -> Result<Decision, LimiterError> {
-        self.decide(buckets)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::limiter::BucketParams;
+    use std::sync::Arc;
+
+    const P: BucketParams = BucketParams {
+        capacity: 2,
+        scale: 1_000_000,
+        num: 1,
+        cost: 1,
+    };
+
+    fn hit(m: &MemoryLimiter<Arc<ManualClock>>, key: &str) -> Decision {
+        m.decide(&[Bucket { key, params: P }]).unwrap()
     }
 
-    async fn ping(&self) -> Result<(), LimiterError> {
-        Ok(())
+    #[test]
+    fn full_buckets_are_forgotten_and_the_cap_holds() {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let m = MemoryLimiter::new(clock.clone(), 64 * 10);
+        for i in 0..1_000 {
+            hit(&m, &format!("{{c{i}}}:l"));
+        }
+        assert!(m.len() <= 640, "{} buckets tracked", m.len());
+        // 2 s later every bucket is full again: the next inserts sweep them away.
+        clock.advance_us(2_000_000);
+        for i in 0..64 * 10 {
+            hit(&m, &format!("{{d{i}}}:l"));
+        }
+        assert!(m.len() <= 640);
+    }
+
+    #[test]
+    fn at_the_cap_the_bucket_closest_to_full_goes_first() {
+        let stored = |full_at| Stored {
+            state: State {
+                v: 0,
+                t: 0,
+                scale: 1,
+            },
+            full_at,
+        };
+        let mut shard = Shard::default();
+        shard.buckets.insert("soon".into(), stored(20));
+        shard.buckets.insert("late".into(), stored(90));
+        shard.buckets.insert("done".into(), stored(5));
+        // At t=10 "done" is full already: the sweep alone makes room for one more.
+        shard.make_room(10, 3);
+        assert_eq!(shard.buckets.len(), 2);
+        assert!(!shard.buckets.contains_key("done"));
+        // Nothing is full at t=10 any more: the bucket full soonest is dropped.
+        shard.make_room(10, 2);
+        let left: Vec<_> = shard.buckets.keys().cloned().collect();
+        assert_eq!(left, ["late"]);
+    }
+
+    #[test]
+    fn keys_without_one_shared_tag_are_refused() {
+        let m = MemoryLimiter::new(ManualClock::new(0), 1_000);
+        let r = m.decide(&[
+            Bucket {
+                key: "{a}:1",
+                params: P,
+            },
+            Bucket {
+                key: "{b}:2",
+                params: P,
+            },
+        ]);
+        assert!(matches!(r, Err(LimiterError::Other(_))));
     }
 }

@@ -148,7 +148,10 @@ fn state_is_integer_strings_and_expires_only_once_full() {
     }; // 1 token/s
     assert!(s.eval(&["k"], T0, &[p]).allowed);
     let fields: Vec<String> = s.redis.cmd(&["HGETALL", "k"]);
-    assert_eq!(fields, ["v", "6000000", "t", &T0.to_string(), "s", "1000000"]);
+    assert_eq!(
+        fields,
+        ["v", "6000000", "t", &T0.to_string(), "s", "1000000"]
+    );
     let pttl: i64 = s.redis.cmd(&["PTTL", "k"]);
     // 4 tokens to refill at 1/s = 4 s, plus the 1 s margin.
     assert!((4_000..=5_000).contains(&pttl), "PTTL {pttl}");
@@ -158,12 +161,24 @@ fn state_is_integer_strings_and_expires_only_once_full() {
 fn a_changed_limit_keeps_the_tokens_held_within_the_new_capacity() {
     let s = Script::load();
     // 10 tokens at 1/s, 7 spent: 3 held. The limit becomes 5 tokens at 10/s.
-    let old = BucketParams { capacity: 10, cost: 7, ..per_second(10, 1) };
+    let old = BucketParams {
+        capacity: 10,
+        cost: 7,
+        ..per_second(10, 1)
+    };
     assert!(s.eval(&["k"], T0, &[old]).allowed);
     let new = per_second(5, 10);
-    assert_eq!(s.eval(&["k"], T0, &[new]).limits[0].remaining, 2, "3 carried over, 1 spent");
+    assert_eq!(
+        s.eval(&["k"], T0, &[new]).limits[0].remaining,
+        2,
+        "3 carried over, 1 spent"
+    );
     // Shrunk below what is held: clamped to the new capacity.
-    let big = BucketParams { capacity: 100, cost: 1, ..per_second(100, 1) };
+    let big = BucketParams {
+        capacity: 100,
+        cost: 1,
+        ..per_second(100, 1)
+    };
     assert!(s.eval(&["b"], T0, &[big]).allowed);
     assert_eq!(s.eval(&["b"], T0, &[new]).limits[0].remaining, 4);
 }

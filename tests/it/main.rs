@@ -5,6 +5,7 @@ mod cli;
 mod compose;
 mod config_errors;
 mod lua_script;
+mod operations;
 mod redis_faults;
 mod scenarios;
 mod support;

@@ -17,6 +17,8 @@ pub struct Proxy {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
     config: String,
+    /// Where this instance hands its listeners over on an upgrade.
+    upgrade_sock: PathBuf,
 }
 
 impl Proxy {
@@ -31,14 +33,16 @@ impl Proxy {
                 .replace("{listen}", &addr.to_string())
                 .replace("{admin}", &admin.to_string());
             let dir = tempfile::tempdir().expect("temp dir");
+            let upgrade_sock = dir.path().join("upgrade.sock");
             let mut proxy = Proxy {
                 child: None,
                 dir,
                 addr,
                 admin,
                 config,
+                upgrade_sock,
             };
-            match proxy.spawn() {
+            match proxy.spawn(false) {
                 Ok(()) => return proxy,
                 Err(why) => last = why,
             }
@@ -46,7 +50,7 @@ impl Proxy {
         panic!("the proxy did not start:\n{last}");
     }
 
-    fn config_path(&self) -> PathBuf {
+    pub fn config_path(&self) -> PathBuf {
         self.dir.path().join("routes.yaml")
     }
 
@@ -54,12 +58,20 @@ impl Proxy {
         self.dir.path().join("stderr.log")
     }
 
-    fn spawn(&mut self) -> Result<(), String> {
+    /// Starts the process; with `upgrade`, it takes the sockets over from a running instance
+    /// instead of binding them, so health is not waited for here.
+    fn spawn(&mut self, upgrade: bool) -> Result<(), String> {
         std::fs::write(self.config_path(), &self.config).expect("write config");
         let stderr = std::fs::File::create(self.stderr_path()).expect("stderr file");
-        let child = Command::new(BIN)
-            .arg("--config")
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--config")
             .arg(self.config_path())
+            .arg("--upgrade-sock")
+            .arg(&self.upgrade_sock);
+        if upgrade {
+            cmd.arg("--upgrade");
+        }
+        let child = cmd
             .env("RUST_LOG", "info,ratelimit_proxy=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -67,6 +79,9 @@ impl Proxy {
             .spawn()
             .map_err(|e| format!("spawn {BIN}: {e}"))?;
         self.child = Some(child);
+        if upgrade {
+            return Ok(());
+        }
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(status) = self
@@ -134,15 +149,62 @@ impl Proxy {
 
     /// Sends SIGTERM and waits for the exit, at most `limit`.
     pub fn terminate(&mut self, limit: Duration) -> std::process::ExitStatus {
+        self.signal("-TERM");
+        self.wait_exit(limit)
+    }
+
+    /// Waits for the process to exit, at most `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
         let child = self.child.as_mut().expect("running");
-        let pid = child.id().to_string();
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill -TERM");
-        wait_for("the proxy to exit after SIGTERM", limit, || {
+        wait_for("the proxy to exit", limit, || {
             child.try_wait().ok().flatten()
         })
+    }
+
+    /// `kill <sig> <pid>`, e.g. `-HUP`.
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        let ok = Command::new("kill").args([sig, &pid]).status();
+        assert!(ok.is_ok_and(|s| s.success()), "kill {sig} {pid}");
+    }
+
+    /// Everything the proxy logged so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.stderr_path()).unwrap_or_default()
+    }
+
+    /// Replaces the config file on disk, as an operator's edit would.
+    pub fn rewrite_config(&mut self, yaml: &str) {
+        self.config = yaml
+            .replace("{listen}", &self.addr.to_string())
+            .replace("{admin}", &self.admin.to_string());
+        // Write next to it and rename: the file is never seen half-written.
+        let tmp = self.dir.path().join("routes.yaml.new");
+        std::fs::write(&tmp, &self.config).expect("write config");
+        std::fs::rename(&tmp, self.config_path()).expect("replace config");
+    }
+
+    /// Starts a second instance of the same config that takes this one's listeners over once this
+    /// one gets SIGQUIT (Pingora's zero-downtime upgrade). Returns when the new instance waits for
+    /// the sockets.
+    pub fn start_upgrade(&self) -> Proxy {
+        let mut next = Proxy {
+            child: None,
+            dir: tempfile::tempdir().expect("temp dir"),
+            addr: self.addr,
+            admin: self.admin,
+            config: self.config.clone(),
+            upgrade_sock: self.upgrade_sock.clone(),
+        };
+        next.spawn(true)
+            .unwrap_or_else(|e| panic!("upgrade instance: {e}"));
+        let sock = self.upgrade_sock.clone();
+        wait_for(
+            "the new instance to listen for the sockets",
+            Duration::from_secs(20),
+            || sock.exists().then_some(()),
+        );
+        next
     }
 }
 

@@ -1,0 +1,195 @@
+//! Hot reload: SIGHUP, or a change of the config file on disk, swaps in new routes and limits
+//! without touching a connection.
+//!
+//! A new config is validated whole before anything changes; an invalid one is refused with the same
+//! messages as `--check` and the running config stays. Settings that live in sockets or
+//! connections (listen, admin, redis, shutdown grace, memory store) cannot change live: a reload
+//! keeps their running values and says which ones need a restart. Buckets are untouched, so a limit
+//! whose key is unchanged keeps its state (see `lua/token_bucket.lua` for a changed limit).
+
+use crate::config::{Config, ConfigError};
+use crate::metrics::Metrics;
+use crate::plan::{Plan, PlanError};
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The routes every request reads, swapped whole on reload.
+pub type LivePlan = Arc<ArcSwap<Plan>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+}
+
+/// What a successful reload did.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Applied {
+    pub hash: String,
+    pub routes: usize,
+    /// Settings that differ in the file but keep their running values until a restart.
+    pub needs_restart: Vec<&'static str>,
+}
+
+pub struct Reloader {
+    path: PathBuf,
+    plan: LivePlan,
+    metrics: Metrics,
+    /// The config the live plan was compiled from, and the hash of its file.
+    running: Mutex<(Config, String)>,
+}
+
+impl Reloader {
+    pub fn new(path: &Path, config: Config, plan: LivePlan, metrics: Metrics) -> Reloader {
+        let hash = file_hash(path).unwrap_or_default();
+        metrics.config_running(&hash);
+        Reloader {
+            path: path.to_path_buf(),
+            plan,
+            metrics,
+            running: Mutex::new((config, hash)),
+        }
+    }
+
+    /// The hash of the config that is running.
+    pub fn running_hash(&self) -> String {
+        self.lock().1.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Config, String)> {
+        // The guarded data is replaced whole, never left half-written.
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reads and validates the file, then swaps it in; on any problem nothing changes.
+    pub fn reload(&self) -> Result<Applied, ReloadError> {
+        let result = self.try_reload();
+        self.metrics.config_reload(result.is_ok());
+        result
+    }
+
+    fn try_reload(&self) -> Result<Applied, ReloadError> {
+        let mut new = Config::load(&self.path)?;
+        let hash = file_hash(&self.path).unwrap_or_default();
+        let mut running = self.lock();
+        let old = &running.0;
+        let mut needs_restart = Vec::new();
+        if new.listen != old.listen {
+            needs_restart.push("listen");
+        }
+        if new.admin != old.admin {
+            needs_restart.push("admin");
+        }
+        if new.redis != old.redis {
+            needs_restart.push("redis");
+        }
+        if new.shutdown_grace != old.shutdown_grace {
+            needs_restart.push("shutdown_grace_seconds");
+        }
+        if new.memory != old.memory {
+            needs_restart.push("memory");
+        }
+        new.listen.clone_from(&old.listen);
+        new.admin = old.admin;
+        new.redis.clone_from(&old.redis);
+        new.shutdown_grace = old.shutdown_grace;
+        new.memory = old.memory;
+
+        let plan = Plan::compile(&new, &self.metrics)?;
+        self.plan.store(Arc::new(plan));
+        self.metrics.config_running(&hash);
+        let applied = Applied {
+            hash: hash.clone(),
+            routes: new.routes.len(),
+            needs_restart,
+        };
+        *running = (new, hash);
+        Ok(applied)
+    }
+
+    /// Reloads and says what happened in the log, one line (or one block of problems).
+    pub fn reload_and_log(&self, why: &str) {
+        match self.reload() {
+            Ok(a) => {
+                log::info!(
+                    "{why}: config reloaded ({} routes, hash {})",
+                    a.routes,
+                    a.hash
+                );
+                if !a.needs_restart.is_empty() {
+                    log::warn!(
+                        "{why}: changed settings that need a restart to apply, still running the old values: {}",
+                        a.needs_restart.join(", ")
+                    );
+                }
+            }
+            Err(e) => {
+                log::error!("{why}: config reload refused, the previous config keeps running:\n{e}")
+            }
+        }
+    }
+}
+
+/// The first 12 hex digits of the file's SHA-1: enough to tell configs apart on a dashboard.
+pub fn file_hash(path: &Path) -> Option<String> {
+    let bytes = std::fs::read(path).ok()?;
+    let mut hex = sha1_smol::Sha1::from(bytes).digest().to_string();
+    hex.truncate(12);
+    Some(hex)
+}
+
+/// Reloads on SIGHUP at once, and on a change of the file once its content has been the same for
+/// two polls in a row, so an editor's half-written save is never read.
+pub struct Watcher {
+    reloader: Arc<Reloader>,
+    poll: Duration,
+}
+
+impl Watcher {
+    pub fn new(reloader: Arc<Reloader>, poll: Duration) -> Watcher {
+        Watcher { reloader, poll }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for Watcher {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hangup = match signal(SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                log::warn!("cannot watch SIGHUP, reloads follow the file only: {e}");
+                None
+            }
+        };
+        let path = self.reloader.path.clone();
+        let mut previous_poll = file_hash(&path);
+        // A refused file is tried once, not at every poll.
+        let mut last_tried = Some(self.reloader.running_hash());
+        let mut ticker = tokio::time::interval(self.poll);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                Some(()) = async { hangup.as_mut()?.recv().await } => {
+                    self.reloader.reload_and_log("SIGHUP");
+                    last_tried = file_hash(&path);
+                }
+                _ = ticker.tick() => {
+                    let now = file_hash(&path);
+                    if now.is_some() && now == previous_poll && now != last_tried {
+                        self.reloader.reload_and_log("config file changed");
+                        last_tried = now.clone();
+                    }
+                    previous_poll = now;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! Day-2 operations through the real binary: hot reload (file change and SIGHUP), a refused
+//! reload, settings that need a restart, and Pingora's zero-downtime upgrade.
+
+use crate::scenarios::{Backend, Setup};
+use crate::support::redis::RedisServer;
+use crate::support::wait_for;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn config(upstream: std::net::SocketAddr, section: &str, routes: &str) -> String {
+    format!(
+        "listen: \"{{listen}}\"\nadmin: \"{{admin}}\"\nshutdown_grace_seconds: 1\n{section}routes:\n{}",
+        routes.replace("{upstream}", &upstream.to_string())
+    )
+}
+
+const V1: &str = "  - name: api
+    upstream: \"{upstream}\"
+    limits: [{ name: burst, capacity: 3, refill: \"1/m\" }]
+";
+
+const V2: &str = "  - name: api
+    match: { path_prefix: \"/api\" }
+    upstream: \"{upstream}\"
+    limits: [{ name: burst, capacity: 5, refill: \"1/m\" }]
+  - name: health
+    match: { path_prefix: \"/health\" }
+    upstream: \"{upstream}\"
+";
+
+fn reloads(s: &Setup, result: &str) -> u64 {
+    s.proxy.metric(&format!(
+        "ratelimit_config_reloads_total{{result=\"{result}\"}}"
+    )) as u64
+}
+
+fn reload_scenario(backend: Backend) {
+    let section = backend.section(2000);
+    let mut s = Setup::start_with_config(
+        backend,
+        V1,
+        &format!("shutdown_grace_seconds: 1\n{section}"),
+    );
+    let r = s.proxy.get("/api/a", &[]);
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("2"));
+    let hash_before = s.proxy.admin_get("/metrics").body;
+
+    // A valid change is picked up from the file: a new route, and a bigger bucket that keeps the
+    // two tokens this client still holds (a fresh bucket would have 4 left after this request).
+    s.proxy
+        .rewrite_config(&config(s.upstream.addr, &section, V2));
+    wait_for("the reload", Duration::from_secs(10), || {
+        (reloads(&s, "success") == 1).then_some(())
+    });
+    assert_eq!(s.proxy.get("/health", &[]).status, 200);
+    let r = s.proxy.get("/api/a", &[]);
+    assert_eq!(r.header("x-ratelimit-limit"), Some("5"), "{r:?}");
+    assert_eq!(
+        r.header("x-ratelimit-remaining"),
+        Some("1"),
+        "bucket state survives the reload"
+    );
+    assert_eq!(s.proxy.metric("ratelimit_config_last_reload_success"), 1.0);
+    let info = |body: &str| {
+        body.lines()
+            .find(|l| l.starts_with("ratelimit_config_info"))
+            .map(str::to_string)
+    };
+    assert_ne!(
+        info(&hash_before),
+        info(&s.proxy.admin_get("/metrics").body),
+        "the hash follows the file"
+    );
+
+    // An invalid change is refused with --check's messages, and the running config stays.
+    let broken = config(s.upstream.addr, &section, V2).replace("capacity: 5", "capacity: 0");
+    s.proxy.rewrite_config(&broken);
+    wait_for("the refusal", Duration::from_secs(10), || {
+        (reloads(&s, "failure") == 1).then_some(())
+    });
+    assert_eq!(s.proxy.metric("ratelimit_config_last_reload_success"), 0.0);
+    let stderr = s.proxy.stderr();
+    let line = broken
+        .lines()
+        .position(|l| l.contains("capacity: 0"))
+        .unwrap()
+        + 1;
+    let message = format!(
+        "{}:{line}: route \"api\": routes[0].limits[0].capacity: must be an integer >= 1, got 0",
+        s.proxy.config_path().display()
+    );
+    assert!(stderr.contains(&message), "{message}\nnot in\n{stderr}");
+    let r = s.proxy.get("/api/a", &[]);
+    assert_eq!(
+        r.header("x-ratelimit-limit"),
+        Some("5"),
+        "still the last good config"
+    );
+    assert_eq!(s.proxy.get("/health", &[]).status, 200);
+    // Tried once, not at every poll: an absence needs time to show, here two more polls.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(reloads(&s, "failure"), 1);
+}
+
+#[test]
+fn reload_applies_a_valid_change_keeps_state_and_refuses_an_invalid_one_on_redis() {
+    reload_scenario(Backend::Redis(RedisServer::start()));
+}
+
+#[test]
+fn reload_applies_a_valid_change_keeps_state_and_refuses_an_invalid_one_in_memory() {
+    reload_scenario(Backend::Memory);
+}
+
+#[test]
+fn sighup_reloads_and_live_only_settings_wait_for_a_restart() {
+    let mut s = Setup::start_with_config(Backend::Memory, V1, "shutdown_grace_seconds: 1\n");
+    // SIGHUP reloads even an unchanged file (the watcher would not).
+    s.proxy.signal("-HUP");
+    wait_for("the SIGHUP reload", Duration::from_secs(10), || {
+        (reloads(&s, "success") == 1).then_some(())
+    });
+
+    let moved = config(s.upstream.addr, "", V1).replace("{listen}", "127.0.0.1:1");
+    s.proxy.rewrite_config(&moved);
+    s.proxy.signal("-HUP");
+    wait_for("the second reload", Duration::from_secs(10), || {
+        (reloads(&s, "success") >= 2).then_some(())
+    });
+    assert_eq!(
+        s.proxy.get("/", &[]).status,
+        200,
+        "still serving on the old address"
+    );
+    let stderr = s.proxy.stderr();
+    assert!(
+        stderr.contains(
+            "changed settings that need a restart to apply, still running the old values: listen"
+        ),
+        "{stderr}"
+    );
+}
+
+/// A new process takes the listening sockets over (started with --upgrade, then SIGQUIT to the
+/// old one): a client hammering the proxy throughout sees no failed request.
+#[test]
+fn zero_downtime_upgrade_fails_no_request() {
+    let routes = "  - name: api\n    upstream: \"{upstream}\"\n    limits: [{ name: l, capacity: 1000000, refill: \"1000/s\" }]\n";
+    let backend = Backend::Redis(RedisServer::start());
+    let top = format!("shutdown_grace_seconds: 1\n{}", backend.section(2000));
+    let mut s = Setup::start_with_config(backend, routes, &top);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let client = {
+        let (stop, ok, failed, addr) = (stop.clone(), ok.clone(), failed.clone(), s.proxy.addr);
+        std::thread::spawn(move || {
+            let mut failures = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                match crate::support::http::send_raw(
+                    addr,
+                    b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                ) {
+                    Ok(r) if r.status == 200 => ok.fetch_add(1, Ordering::SeqCst),
+                    other => {
+                        failures.push(format!("{other:?}"));
+                        failed.fetch_add(1, Ordering::SeqCst)
+                    }
+                };
+            }
+            failures
+        })
+    };
+    wait_for("traffic", Duration::from_secs(10), || {
+        (ok.load(Ordering::SeqCst) > 20).then_some(())
+    });
+
+    let mut next = s.proxy.start_upgrade();
+    s.proxy.signal("-QUIT");
+    let status = s.proxy.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "the old instance exits cleanly: {status}");
+    // The new instance alone serves now.
+    let served_before = ok.load(Ordering::SeqCst);
+    wait_for(
+        "traffic through the new instance",
+        Duration::from_secs(10),
+        || (ok.load(Ordering::SeqCst) > served_before + 20).then_some(()),
+    );
+    stop.store(true, Ordering::SeqCst);
+    let failures = client.join().unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} of {} requests failed: {failures:?}\n{}",
+        failures.len(),
+        ok.load(Ordering::SeqCst),
+        next.report()
+    );
+    assert_eq!(next.admin_get("/healthz").status, 200);
+    assert!(
+        next.decisions("api", "allowed") > 20,
+        "the new instance decides with Redis"
+    );
+    assert_eq!(next.decisions("api", "fail_open"), 0);
+    next.terminate(Duration::from_secs(10));
+}
