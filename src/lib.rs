@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod clock;
 pub mod config;
+pub mod deny_cache;
 pub mod headers;
 pub mod key;
 pub mod limiter;

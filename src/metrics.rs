@@ -14,14 +14,20 @@ pub enum Outcome {
     Rejected,
     FailOpen,
     FailClosed,
+    /// Redis failed; the in-process fallback bucket allowed it.
+    LocalFallback,
+    /// Redis failed; the in-process fallback bucket rejected it.
+    LocalRejected,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 4] = [
+    const ALL: [Outcome; 6] = [
         Outcome::Allowed,
         Outcome::Rejected,
         Outcome::FailOpen,
         Outcome::FailClosed,
+        Outcome::LocalFallback,
+        Outcome::LocalRejected,
     ];
 
     fn label(self) -> &'static str {
@@ -30,6 +36,8 @@ impl Outcome {
             Outcome::Rejected => "rejected",
             Outcome::FailOpen => "fail_open",
             Outcome::FailClosed => "fail_closed",
+            Outcome::LocalFallback => "local_fallback",
+            Outcome::LocalRejected => "local_rejected",
         }
     }
 }
@@ -45,15 +53,26 @@ pub struct Metrics {
     reloads: IntCounterVec,
     last_reload_success: IntGauge,
     config_info: IntGaugeVec,
+    redis_up: IntGauge,
+    breaker_transitions: IntCounterVec,
+    deny_cache_hits: IntCounterVec,
 }
 
-/// One route's decision counters, resolved once so the request path does no label lookup.
+/// One route's counters, resolved once so the request path does no label lookup.
 #[derive(Clone)]
-pub struct RouteCounters([IntCounter; 4]);
+pub struct RouteCounters {
+    decisions: [IntCounter; 6],
+    deny_cache_hits: IntCounter,
+}
 
 impl RouteCounters {
     pub fn count(&self, outcome: Outcome) {
-        self.0[outcome as usize].inc();
+        self.decisions[outcome as usize].inc();
+    }
+
+    /// A rejection answered from the deny cache, without a store call.
+    pub fn deny_cache_hit(&self) {
+        self.deny_cache_hits.inc();
     }
 }
 
@@ -100,6 +119,31 @@ impl Metrics {
             ),
             &["hash"],
         )?;
+        let redis_up = IntGauge::new(
+            "ratelimit_redis_up",
+            "1 while the circuit breaker lets calls reach Redis, 0 while it is open",
+        )?;
+        let breaker_transitions = IntCounterVec::new(
+            Opts::new(
+                "ratelimit_redis_breaker_transitions_total",
+                "Circuit-breaker state changes, by the state entered",
+            ),
+            &["state"],
+        )?;
+        let deny_cache_hits = IntCounterVec::new(
+            Opts::new(
+                "ratelimit_deny_cache_hits_total",
+                "Rejections answered from the local deny cache, without a Redis call",
+            ),
+            &["route"],
+        )?;
+        registry.register(Box::new(redis_up.clone()))?;
+        registry.register(Box::new(breaker_transitions.clone()))?;
+        registry.register(Box::new(deny_cache_hits.clone()))?;
+        redis_up.set(1);
+        for state in ["open", "half_open", "closed"] {
+            breaker_transitions.with_label_values(&[state]);
+        }
         registry.register(Box::new(decisions.clone()))?;
         registry.register(Box::new(redis_duration.clone()))?;
         registry.register(Box::new(redis_errors.clone()))?;
@@ -120,12 +164,24 @@ impl Metrics {
             reloads,
             last_reload_success,
             config_info,
+            redis_up,
+            breaker_transitions,
+            deny_cache_hits,
         })
     }
 
     /// The counters of one route, every outcome present at 0 from the start.
     pub fn route(&self, route: &str) -> RouteCounters {
-        RouteCounters(Outcome::ALL.map(|o| self.decisions.with_label_values(&[route, o.label()])))
+        RouteCounters {
+            decisions: Outcome::ALL.map(|o| self.decisions.with_label_values(&[route, o.label()])),
+            deny_cache_hits: self.deny_cache_hits.with_label_values(&[route]),
+        }
+    }
+
+    /// The breaker entered `state`; Redis counts as up only while it is closed.
+    pub fn breaker(&self, state: &'static str, up: bool) {
+        self.breaker_transitions.with_label_values(&[state]).inc();
+        self.redis_up.set(i64::from(up));
     }
 
     pub fn redis_latency(&self, took: Duration) {

@@ -17,6 +17,9 @@ pub struct RoutePlan {
     pub keys: KeyPlan,
     pub sources: Vec<KeySource>,
     pub params: Vec<BucketParams>,
+    /// The limits one proxy enforces alone when the store fails (`on_redis_error: local`): each
+    /// divided by the fleet size, so the fleet together stays near the shared limit.
+    pub local_params: Vec<BucketParams>,
     pub headers: RouteHeaders,
     pub counters: RouteCounters,
 }
@@ -42,6 +45,7 @@ impl Plan {
             .redis
             .as_ref()
             .map_or("rl", |r| r.key_prefix.as_str());
+        let fleet = config.redis.as_ref().map_or(1, |r| r.fleet_size);
         let routes = config
             .routes
             .iter()
@@ -65,6 +69,11 @@ impl Plan {
                     keys: KeyPlan::new(prefix, r),
                     sources: r.limits.iter().map(|l| l.key.clone()).collect(),
                     params: r.limits.iter().map(BucketParams::from).collect(),
+                    local_params: r
+                        .limits
+                        .iter()
+                        .map(|l| local_share(BucketParams::from(l), fleet))
+                        .collect(),
                     headers: RouteHeaders::new(r),
                     counters: metrics.route(&r.name),
                 })
@@ -82,5 +91,39 @@ impl Plan {
         self.routes
             .iter()
             .any(|r| r.on_redis_error == FailMode::Closed && !r.params.is_empty())
+    }
+}
+
+/// One proxy's share of a limit: capacity and rate divided by `fleet` (the rate exactly, by
+/// scaling a token up), never below the cost of one request.
+fn local_share(p: BucketParams, fleet: u64) -> BucketParams {
+    BucketParams {
+        capacity: (p.capacity / fleet).max(p.cost),
+        scale: p.scale * fleet,
+        ..p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_local_share_divides_capacity_and_rate() {
+        let p = BucketParams {
+            capacity: 100,
+            scale: 100_000,
+            num: 1,
+            cost: 2,
+        };
+        let share = local_share(p, 4);
+        assert_eq!(share.capacity, 25);
+        // 10 tokens/s across the fleet: 2.5 tokens/s here.
+        assert_eq!(share.scale / share.num, 400_000);
+        assert_eq!(
+            local_share(p, 100).capacity,
+            2,
+            "never below one request's cost"
+        );
     }
 }

@@ -1,10 +1,13 @@
 //! The Pingora glue: decide in `request_filter`, decorate in `response_filter`, count in
 //! `logging`. What to decide, which headers, which metrics: all of that lives elsewhere.
 
+use crate::clock::{Clock, SystemClock};
 use crate::config::{FailMode, KeySource};
+use crate::deny_cache::DenyCache;
 use crate::headers;
 use crate::key::Identity;
-use crate::limiter::{Bucket, Decision, Limiter};
+use crate::limiter::memory::MemoryLimiter;
+use crate::limiter::{Bucket, BucketParams, Decision, Limiter};
 use crate::metrics::Outcome;
 use crate::plan::{Plan, RoutePlan};
 use crate::reload::LivePlan;
@@ -18,11 +21,25 @@ use std::sync::Arc;
 pub struct RateLimitProxy<L> {
     plan: LivePlan,
     limiter: Arc<L>,
+    /// Only in front of a shared store: the in-memory store answers as fast as the cache would.
+    deny_cache: Option<DenyCache>,
+    /// Decides for `on_redis_error: local` routes while the store fails.
+    fallback: MemoryLimiter<SystemClock>,
 }
 
 impl<L> RateLimitProxy<L> {
-    pub fn new(plan: LivePlan, limiter: Arc<L>) -> Self {
-        RateLimitProxy { plan, limiter }
+    pub fn new(
+        plan: LivePlan,
+        limiter: Arc<L>,
+        deny_cache: Option<DenyCache>,
+        fallback: MemoryLimiter<SystemClock>,
+    ) -> Self {
+        RateLimitProxy {
+            plan,
+            limiter,
+            deny_cache,
+            fallback,
+        }
     }
 }
 
@@ -36,6 +53,62 @@ pub struct RequestCtx {
     outcome: Option<Outcome>,
     /// Kept for `response_filter` when the request was allowed.
     decision: Option<Decision>,
+}
+
+/// How a request was decided, before anything is written.
+enum Verdict {
+    /// Proxy it, with headers when the state is known.
+    Pass(Outcome, Option<Decision>),
+    /// Answer 429 with this decision's headers.
+    Reject(Outcome, Decision),
+    /// Answer 503: the store failed and the route fails closed.
+    Unavailable,
+}
+
+impl<L: Limiter> RateLimitProxy<L> {
+    async fn decide(&self, route: &RoutePlan, keys: &[String]) -> Verdict {
+        if let Some(cache) = &self.deny_cache {
+            if let Some(d) = cache.lookup(keys, &route.params, SystemClock.now_us()) {
+                route.counters.deny_cache_hit();
+                return Verdict::Reject(Outcome::Rejected, d);
+            }
+        }
+        match self.limiter.check(&buckets(keys, &route.params)).await {
+            Ok(d) if d.allowed => Verdict::Pass(Outcome::Allowed, Some(d)),
+            Ok(d) => {
+                if let Some(cache) = &self.deny_cache {
+                    cache.remember(keys, &route.params, &d, SystemClock.now_us());
+                }
+                Verdict::Reject(Outcome::Rejected, d)
+            }
+            Err(e) => {
+                // Per-request detail stays at debug: an outage would otherwise flood the log, and
+                // the error counter and the breaker's warning already say it is happening.
+                log::debug!("route {}: rate-limit store failed: {e}", route.name);
+                match route.on_redis_error {
+                    FailMode::Open => Verdict::Pass(Outcome::FailOpen, None),
+                    FailMode::Closed => Verdict::Unavailable,
+                    FailMode::Local => {
+                        match self.fallback.decide(&buckets(keys, &route.local_params)) {
+                            Ok(d) if d.allowed => Verdict::Pass(Outcome::LocalFallback, Some(d)),
+                            Ok(d) => Verdict::Reject(Outcome::LocalRejected, d),
+                            Err(_) => Verdict::Pass(Outcome::FailOpen, None),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn buckets<'a>(keys: &'a [String], params: &[BucketParams]) -> Vec<Bucket<'a>> {
+    keys.iter()
+        .zip(params)
+        .map(|(key, params)| Bucket {
+            key,
+            params: *params,
+        })
+        .collect()
 }
 
 #[async_trait]
@@ -54,13 +127,8 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             .or_else(|| req.headers.get(header::HOST).and_then(|h| h.to_str().ok()));
         let plan = self.plan.load_full();
         let Some(index) = plan.table.find(host, req.method.as_str(), req.uri.path()) else {
-            respond(
-                session,
-                404,
-                Vec::new(),
-                "404 Not Found: no route matches this request\n",
-            )
-            .await?;
+            let body = "404 Not Found: no route matches this request\n";
+            respond(session, 404, Vec::new(), body).await?;
             return Ok(true);
         };
         ctx.route = Some(index);
@@ -71,22 +139,14 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         }
 
         let keys = build_keys(session, route);
-        let buckets: Vec<Bucket<'_>> = keys
-            .iter()
-            .zip(&route.params)
-            .map(|(key, params)| Bucket {
-                key,
-                params: *params,
-            })
-            .collect();
-        match self.limiter.check(&buckets).await {
-            Ok(decision) if decision.allowed => {
-                ctx.outcome = Some(Outcome::Allowed);
-                ctx.decision = Some(decision);
+        match self.decide(route, &keys).await {
+            Verdict::Pass(outcome, decision) => {
+                ctx.outcome = Some(outcome);
+                ctx.decision = decision;
                 Ok(false)
             }
-            Ok(decision) => {
-                ctx.outcome = Some(Outcome::Rejected);
+            Verdict::Reject(outcome, decision) => {
+                ctx.outcome = Some(outcome);
                 let mut extra = Vec::with_capacity(6);
                 route
                     .headers
@@ -94,35 +154,16 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
                 let limit = decision
                     .binding()
                     .map_or("", |i| route.headers.limit_name(i));
-                let body = headers::rejection_body(
-                    &route.name,
-                    limit,
-                    headers::retry_after_secs(&decision),
-                );
+                let retry = headers::retry_after_secs(&decision);
+                let body = headers::rejection_body(&route.name, limit, retry);
                 respond(session, 429, extra, body).await?;
                 Ok(true)
             }
-            Err(e) => {
-                // Per-request detail stays at debug: an outage would otherwise flood the log, and
-                // the error counter already says it is happening.
-                log::debug!("route {}: rate-limit store failed: {e}", route.name);
-                match route.on_redis_error {
-                    FailMode::Open => {
-                        ctx.outcome = Some(Outcome::FailOpen);
-                        Ok(false)
-                    }
-                    FailMode::Closed => {
-                        ctx.outcome = Some(Outcome::FailClosed);
-                        respond(
-                            session,
-                            503,
-                            Vec::new(),
-                            "503 Service Unavailable: rate-limit store unavailable\n",
-                        )
-                        .await?;
-                        Ok(true)
-                    }
-                }
+            Verdict::Unavailable => {
+                ctx.outcome = Some(Outcome::FailClosed);
+                let body = "503 Service Unavailable: rate-limit store unavailable\n";
+                respond(session, 503, Vec::new(), body).await?;
+                Ok(true)
             }
         }
     }

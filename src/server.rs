@@ -5,6 +5,7 @@
 use crate::admin::Admin;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ClockSource, Config};
+use crate::deny_cache::DenyCache;
 use crate::limiter::memory::MemoryLimiter;
 use crate::limiter::redis::RedisLimiter;
 use crate::limiter::{Limiter, LimiterError};
@@ -41,7 +42,12 @@ pub enum StartError {
     Plan(#[from] PlanError),
     #[error("redis: {0}")]
     Store(#[from] LimiterError),
+    #[error("redis.password_env names {0}, which is not set in the environment")]
+    Password(String),
 }
+
+/// Denials remembered at most (see `deny_cache`).
+const DENY_CACHE_ENTRIES: usize = 100_000;
 
 /// Starts serving `config`, read from `path` (watched for reloads); returns only if the server
 /// could not be built.
@@ -66,7 +72,14 @@ pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), Start
                 ClockSource::Redis => None,
                 ClockSource::Proxy => Some(Box::new(SystemClock)),
             };
-            let limiter = RedisLimiter::new(&redis.url, redis.timeout, clock, metrics)?;
+            let password = match &redis.password_env {
+                Some(name) => {
+                    Some(std::env::var(name).map_err(|_| StartError::Password(name.clone()))?)
+                }
+                None => None,
+            };
+            let limiter =
+                RedisLimiter::connect(&redis.target, password, redis.timeout, clock, metrics)?;
             serve(&config, parts, Arc::new(limiter))
         }
         None => {
@@ -101,9 +114,14 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
+    let deny_cache = config
+        .redis
+        .is_some()
+        .then(|| DenyCache::new(DENY_CACHE_ENTRIES));
+    let fallback = MemoryLimiter::new(SystemClock, config.memory.max_keys);
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
-        RateLimitProxy::new(parts.plan.clone(), limiter.clone()),
+        RateLimitProxy::new(parts.plan.clone(), limiter.clone(), deny_cache, fallback),
         "ratelimit-proxy",
     );
     for addr in &config.listen {

@@ -35,7 +35,11 @@ pub struct Config {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct RedisSettings {
-    pub url: String,
+    pub target: RedisTarget,
+    /// The name of an environment variable holding the password, so it stays out of the file.
+    pub password_env: Option<String>,
+    /// How many proxies share the limits: `on_redis_error: local` divides them by it.
+    pub fleet_size: u64,
     /// The whole budget of one decision, queueing and reconnecting included.
     pub timeout: Duration,
     pub key_prefix: String,
@@ -50,6 +54,17 @@ pub struct MemorySettings {
 
 /// Default for `memory.max_keys`: about 100 MB of buckets.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// Where the buckets live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// One server (or a primary behind a fixed address).
+    Standalone(String),
+    /// Redis Cluster, from any of these seed nodes.
+    Cluster(Vec<String>),
+    /// The primary that these sentinels name `master`, followed across failovers.
+    Sentinel { master: String, nodes: Vec<String> },
+}
 
 /// Whose clock a bucket refills by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +82,9 @@ pub enum FailMode {
     Open,
     /// Answer 503 and count it as `fail_closed`.
     Closed,
+    /// Decide with an in-process bucket (limits divided by `redis.fleet_size`), counted as
+    /// `local_fallback` or `local_rejected`.
+    Local,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -29,9 +29,21 @@ pub(super) enum OneOrMany {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawRedis {
     pub url: Option<String>,
+    pub cluster: Option<Vec<String>>,
+    pub sentinel: Option<RawSentinel>,
+    pub password_env: Option<String>,
+    pub fleet_size: Option<u64>,
     pub timeout_ms: Option<u64>,
     pub key_prefix: Option<String>,
     pub clock: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSentinel {
+    pub master: Option<String>,
+    #[serde(default)]
+    pub nodes: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -202,21 +202,26 @@ impl Validator<'_> {
 
     fn redis(&mut self, raw: RawRedis) -> Option<RedisSettings> {
         let before = self.problems.len();
-        let url = raw.url.unwrap_or_default();
-        if url.is_empty() {
+        let target = self.redis_target(&raw);
+        let password_env = raw.password_env.clone();
+        if let Some(name) = &password_env {
+            let valid = !name.is_empty()
+                && !name.starts_with(|c: char| c.is_ascii_digit())
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !valid {
+                self.problem(
+                    None,
+                    vec![key("redis"), key("password_env")],
+                    format!("{name:?} is not an environment variable name"),
+                );
+            }
+        }
+        let fleet_size = raw.fleet_size.unwrap_or(1);
+        if !(1..=1000).contains(&fleet_size) {
             self.problem(
                 None,
-                vec![key("redis"), key("url")],
-                "is required when `redis` is set (leave `redis` out to keep limits in memory)",
-            );
-        } else if !["redis://", "rediss://", "unix://", "redis+unix://"]
-            .iter()
-            .any(|s| url.starts_with(s))
-        {
-            self.problem(
-                None,
-                vec![key("redis"), key("url")],
-                format!("{url:?} must start with redis://, rediss:// or unix://"),
+                vec![key("redis"), key("fleet_size")],
+                format!("must be between 1 and 1000, got {fleet_size}"),
             );
         }
         let timeout_ms = raw.timeout_ms.unwrap_or(25);
@@ -253,11 +258,86 @@ impl Validator<'_> {
             }
         };
         (self.problems.len() == before).then(|| RedisSettings {
-            url,
+            target: target.expect("no problem means a target"),
+            password_env,
+            fleet_size,
             timeout: Duration::from_millis(timeout_ms),
             key_prefix,
             clock,
         })
+    }
+
+    /// Exactly one of `url`, `cluster` and `sentinel`.
+    fn redis_target(&mut self, raw: &RawRedis) -> Option<RedisTarget> {
+        let at = |field: &str| vec![key("redis"), key(field)];
+        let given = [
+            raw.url.is_some(),
+            raw.cluster.is_some(),
+            raw.sentinel.is_some(),
+        ];
+        if given.iter().filter(|g| **g).count() != 1 {
+            self.problem(
+                None,
+                vec![key("redis")],
+                "needs exactly one of `url` (one server), `cluster` (seed nodes) or `sentinel` \
+                 (leave `redis` out to keep limits in memory)",
+            );
+            return None;
+        }
+        let before = self.problems.len();
+        let check_url = |v: &mut Self, path: Vec<Seg>, url: &str| {
+            if !["redis://", "rediss://", "unix://", "redis+unix://"]
+                .iter()
+                .any(|s| url.starts_with(s))
+            {
+                v.problem(
+                    None,
+                    path,
+                    format!("{url:?} must start with redis://, rediss:// or unix://"),
+                );
+            }
+        };
+        let target = if let Some(url) = &raw.url {
+            check_url(self, at("url"), url);
+            RedisTarget::Standalone(url.clone())
+        } else if let Some(nodes) = &raw.cluster {
+            if nodes.is_empty() {
+                self.problem(None, at("cluster"), "must list at least one seed node");
+            }
+            for (i, url) in nodes.iter().enumerate() {
+                check_url(self, [at("cluster"), vec![Seg::Index(i)]].concat(), url);
+            }
+            RedisTarget::Cluster(nodes.clone())
+        } else {
+            let s = raw.sentinel.as_ref().expect("one of the three is set");
+            let master = s.master.clone().unwrap_or_default();
+            if master.is_empty() {
+                self.problem(
+                    None,
+                    [at("sentinel"), vec![key("master")]].concat(),
+                    "is required: the name the sentinels monitor",
+                );
+            }
+            if s.nodes.is_empty() {
+                self.problem(
+                    None,
+                    [at("sentinel"), vec![key("nodes")]].concat(),
+                    "must list at least one sentinel",
+                );
+            }
+            for (i, url) in s.nodes.iter().enumerate() {
+                check_url(
+                    self,
+                    [at("sentinel"), vec![key("nodes"), Seg::Index(i)]].concat(),
+                    url,
+                );
+            }
+            RedisTarget::Sentinel {
+                master,
+                nodes: s.nodes.clone(),
+            }
+        };
+        (self.problems.len() == before).then_some(target)
     }
 
     fn fail_mode(
@@ -270,11 +350,12 @@ impl Validator<'_> {
             None => None,
             Some("open") => Some(FailMode::Open),
             Some("closed") => Some(FailMode::Closed),
+            Some("local") => Some(FailMode::Local),
             Some(other) => {
                 self.problem(
                     route,
                     path,
-                    format!("must be \"open\" or \"closed\", got {other:?}"),
+                    format!("must be \"open\", \"closed\" or \"local\", got {other:?}"),
                 );
                 None
             }

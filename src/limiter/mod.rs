@@ -3,6 +3,7 @@
 //! Every backend evaluates all limits of a request at once and all-or-nothing: a request takes
 //! tokens from every bucket or from none, so a rejected request costs the client nothing.
 
+pub mod breaker;
 pub mod bucket;
 pub mod memory;
 pub mod redis;
@@ -109,6 +110,9 @@ pub enum LimiterError {
     Script(String),
     #[error("{0}")]
     Other(String),
+    /// Not called: the circuit breaker knows the store is down.
+    #[error("circuit breaker open: not calling the store")]
+    Unavailable,
 }
 
 impl LimiterError {
@@ -119,6 +123,7 @@ impl LimiterError {
             LimiterError::Connection(_) => "connection",
             LimiterError::Script(_) => "script",
             LimiterError::Other(_) => "other",
+            LimiterError::Unavailable => "unavailable",
         }
     }
 

@@ -1,73 +1,154 @@
-//! Buckets in Redis: one EVALSHA of `lua/token_bucket.lua` per decision.
+//! Buckets in Redis: one EVALSHA of `lua/token_bucket.lua` per decision, on a standalone server,
+//! a Redis Cluster, or the primary a set of sentinels names.
 //!
-//! One multiplexed connection (redis-rs `ConnectionManager`) carries every concurrent decision: it
-//! pipelines them on one socket, so there is no pool to size. The manager is created on first use,
-//! inside the runtime that serves requests (a handle made before Pingora forks or starts its
-//! runtimes would be bound to a dead one). Every call runs under one deadline, reconnects included:
-//! the manager itself would wait for Redis forever.
+//! One multiplexed connection carries every concurrent decision (redis-rs pipelines them on one
+//! socket), so there is no pool to size. It is created on first use, inside the runtime that serves
+//! requests: a handle made before Pingora starts its runtimes would be bound to a dead one. Every
+//! call runs under one deadline, reconnects included, because the clients themselves would wait
+//! for Redis far longer; and a circuit breaker stops calling a Redis that is known to be down.
 
+use super::breaker::{Admission, Breaker, BreakerState, Transition};
 use super::{Bucket, Decision, LimitState, Limiter, LimiterError};
 use crate::clock::Clock;
+use crate::config::RedisTarget;
 use crate::metrics::Metrics;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, Script};
-use std::time::Duration;
-use tokio::sync::OnceCell;
-use tokio::time::Instant;
+use arc_swap::ArcSwapOption;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::{IntoConnectionInfo, RedisError, Script, ScriptInvocation};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{Mutex, OnceCell};
 
 /// The script, compiled into the binary so it always matches the code that parses its reply.
 pub const TOKEN_BUCKET_LUA: &str = include_str!("../../lua/token_bucket.lua");
 
+/// How the limiter reaches Redis.
+enum Topology {
+    Standalone {
+        client: redis::Client,
+        conn: OnceCell<ConnectionManager>,
+    },
+    /// The cluster client follows MOVED/ASK and failovers itself, and loads the script on every
+    /// primary when one answers NOSCRIPT.
+    Cluster {
+        client: ClusterClient,
+        conn: OnceCell<ClusterConnection>,
+    },
+    /// The primary's address changes at failover: it is asked of the sentinels again whenever the
+    /// current one stops answering or has become a read-only replica.
+    Sentinel {
+        sentinels: Mutex<SentinelClient>,
+        password: Option<String>,
+        conn: ArcSwapOption<ConnectionManager>,
+    },
+}
+
 pub struct RedisLimiter {
-    client: redis::Client,
-    conn: OnceCell<ConnectionManager>,
+    topology: Topology,
     script: Script,
     timeout: Duration,
     /// `None`: the script reads Redis `TIME`.
     clock: Option<Box<dyn Clock>>,
     metrics: Metrics,
+    breaker: Breaker,
 }
 
 impl RedisLimiter {
-    /// Validates the URL; connects nothing yet.
+    /// A standalone server at `url`. Connects nothing yet.
     pub fn new(
         url: &str,
         timeout: Duration,
         clock: Option<Box<dyn Clock>>,
         metrics: Metrics,
     ) -> Result<RedisLimiter, LimiterError> {
-        let client =
-            redis::Client::open(url).map_err(|e| LimiterError::Other(format!("redis url: {e}")))?;
+        RedisLimiter::connect(
+            &RedisTarget::Standalone(url.to_string()),
+            None,
+            timeout,
+            clock,
+            metrics,
+        )
+    }
+
+    /// Any target; `password` (from the environment) overrides what the URLs carry.
+    pub fn connect(
+        target: &RedisTarget,
+        password: Option<String>,
+        timeout: Duration,
+        clock: Option<Box<dyn Clock>>,
+        metrics: Metrics,
+    ) -> Result<RedisLimiter, LimiterError> {
+        let bad = |e: RedisError| LimiterError::Other(format!("redis configuration: {e}"));
+        let info = |url: &str| -> Result<redis::ConnectionInfo, LimiterError> {
+            let info = url.into_connection_info().map_err(bad)?;
+            Ok(match &password {
+                Some(p) => {
+                    let settings = info.redis_settings().clone().set_password(p);
+                    info.set_redis_settings(settings)
+                }
+                None => info,
+            })
+        };
+        let topology = match target {
+            RedisTarget::Standalone(url) => Topology::Standalone {
+                client: redis::Client::open(info(url)?).map_err(bad)?,
+                conn: OnceCell::new(),
+            },
+            RedisTarget::Cluster(nodes) => {
+                let nodes = nodes
+                    .iter()
+                    .map(|n| info(n))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let client = ClusterClient::builder(nodes)
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .build()
+                    .map_err(bad)?;
+                Topology::Cluster {
+                    client,
+                    conn: OnceCell::new(),
+                }
+            }
+            RedisTarget::Sentinel { master, nodes } => {
+                let nodes = nodes
+                    .iter()
+                    .map(|n| info(n))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let sentinels =
+                    SentinelClient::build(nodes, master.clone(), None, SentinelServerType::Master)
+                        .map_err(bad)?;
+                Topology::Sentinel {
+                    sentinels: Mutex::new(sentinels),
+                    password,
+                    conn: ArcSwapOption::empty(),
+                }
+            }
+        };
         Ok(RedisLimiter {
-            client,
-            conn: OnceCell::new(),
+            topology,
             script: Script::new(TOKEN_BUCKET_LUA),
             timeout,
             clock,
             metrics,
+            breaker: Breaker::default(),
         })
     }
 
-    async fn connection(&self) -> Result<ConnectionManager, LimiterError> {
-        let conn = self
-            .conn
-            .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.timeout))
-                    // Few, quick reconnect attempts: a refused connection then fails the decision
-                    // fast instead of holding it for the whole budget, and the next decision
-                    // starts a new attempt, so a Redis that comes back is found at once.
-                    .set_min_delay(Duration::from_millis(5))
-                    .set_max_delay(Duration::from_millis(50))
-                    .set_number_of_retries(1);
-                ConnectionManager::new_lazy_with_config(self.client.clone(), config)
-            })
-            .await
-            .map_err(classify)?;
-        Ok(conn.clone())
+    fn manager_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            // Few, quick reconnect attempts: a refused connection then fails the decision fast
+            // instead of holding it for the whole budget, and the next decision starts a new
+            // attempt, so a Redis that comes back is found at once.
+            .set_min_delay(Duration::from_millis(5))
+            .set_max_delay(Duration::from_millis(50))
+            .set_number_of_retries(1)
     }
 
-    async fn eval(&self, buckets: &[Bucket<'_>]) -> Result<Decision, LimiterError> {
+    fn invocation(&self, buckets: &[Bucket<'_>]) -> ScriptInvocation<'_> {
         let mut invocation = self.script.prepare_invoke();
         for b in buckets {
             invocation.key(b.key);
@@ -84,46 +165,199 @@ impl RedisLimiter {
                 .arg(p.num)
                 .arg(p.cost);
         }
-        let mut conn = self.connection().await?;
-        let reply: Vec<i64> = match invocation.invoke_async(&mut conn).await {
-            Ok(reply) => reply,
-            // The manager replaces a dropped connection on this error; the retry waits for the
-            // new one (Redis restarted, failed over) instead of failing a request that can succeed.
-            Err(e) if e.is_unrecoverable_error() || e.is_connection_dropped() => {
+        invocation
+    }
+
+    async fn eval(&self, buckets: &[Bucket<'_>]) -> Result<Decision, LimiterError> {
+        let invocation = self.invocation(buckets);
+        let reply: Vec<i64> = match &self.topology {
+            Topology::Standalone { client, conn } => {
+                let mut conn = conn
+                    .get_or_try_init(|| async {
+                        ConnectionManager::new_lazy_with_config(
+                            client.clone(),
+                            self.manager_config(),
+                        )
+                    })
+                    .await
+                    .map_err(classify)?
+                    .clone();
+                match invocation.invoke_async(&mut conn).await {
+                    Ok(reply) => reply,
+                    // The manager replaces a dropped connection on this error; the retry waits
+                    // for the new one (Redis restarted) instead of failing a request that can
+                    // succeed.
+                    Err(e) if e.is_unrecoverable_error() || e.is_connection_dropped() => {
+                        invocation.invoke_async(&mut conn).await.map_err(classify)?
+                    }
+                    Err(e) => return Err(classify(e)),
+                }
+            }
+            Topology::Cluster { client, conn } => {
+                let mut conn = conn
+                    .get_or_try_init(|| client.get_async_connection())
+                    .await
+                    .map_err(classify)?
+                    .clone();
                 invocation.invoke_async(&mut conn).await.map_err(classify)?
             }
-            Err(e) => return Err(classify(e)),
+            Topology::Sentinel { .. } => {
+                let primary = self.sentinel_primary().await?;
+                match invocation.invoke_async(&mut (*primary).clone()).await {
+                    Ok(reply) => reply,
+                    // Failed over: the old primary is gone or now a read-only replica.
+                    Err(e) if moved_primary(&e) => {
+                        self.forget_primary(&primary);
+                        let mut conn = (*self.sentinel_primary().await?).clone();
+                        invocation.invoke_async(&mut conn).await.map_err(classify)?
+                    }
+                    Err(e) => return Err(classify(e)),
+                }
+            }
         };
         parse_reply(&reply, buckets.len())
     }
+
+    /// The current primary's connection, asking the sentinels when there is none.
+    async fn sentinel_primary(&self) -> Result<Arc<ConnectionManager>, LimiterError> {
+        let Topology::Sentinel {
+            sentinels,
+            password,
+            conn,
+        } = &self.topology
+        else {
+            unreachable!("only called for a sentinel topology");
+        };
+        if let Some(c) = conn.load_full() {
+            return Ok(c);
+        }
+        let mut sentinels = sentinels.lock().await;
+        // Another decision may have found the primary while this one waited for the lock.
+        if let Some(c) = conn.load_full() {
+            return Ok(c);
+        }
+        let client = sentinels.async_get_client().await.map_err(classify)?;
+        let client = match password {
+            Some(p) => {
+                let info = client.get_connection_info().clone();
+                let settings = info.redis_settings().clone().set_password(p);
+                redis::Client::open(info.set_redis_settings(settings)).map_err(classify)?
+            }
+            None => client,
+        };
+        log::info!(
+            "sentinel: primary is {}",
+            client.get_connection_info().addr()
+        );
+        let manager = Arc::new(
+            ConnectionManager::new_lazy_with_config(client, self.manager_config())
+                .map_err(classify)?,
+        );
+        conn.store(Some(manager.clone()));
+        Ok(manager)
+    }
+
+    fn forget_primary(&self, failed: &Arc<ConnectionManager>) {
+        if let Topology::Sentinel { conn, .. } = &self.topology {
+            // Only if no other decision replaced it already.
+            conn.rcu(|current| match current {
+                Some(c) if Arc::ptr_eq(c, failed) => None,
+                other => other.clone(),
+            });
+        }
+    }
+
+    fn note(&self, transition: Transition) {
+        let Some(state) = transition else { return };
+        match state {
+            BreakerState::Open => log::warn!(
+                "redis unreachable: circuit breaker open, decisions follow on_redis_error without calling Redis"
+            ),
+            BreakerState::HalfOpen => log::info!("redis circuit breaker half-open: probing"),
+            BreakerState::Closed => log::info!("redis reachable again: circuit breaker closed"),
+        }
+        self.metrics
+            .breaker(state.label(), state == BreakerState::Closed);
+    }
+}
+
+/// The errors after which the sentinels must be asked for the primary again.
+fn moved_primary(e: &RedisError) -> bool {
+    e.is_unrecoverable_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
 }
 
 impl Limiter for RedisLimiter {
     async fn check(&self, buckets: &[Bucket<'_>]) -> Result<Decision, LimiterError> {
+        let (admission, transition) = self.breaker.admit(Instant::now());
+        self.note(transition);
+        if admission == Admission::Reject {
+            return Err(LimiterError::Unavailable);
+        }
         let started = Instant::now();
         let result = match tokio::time::timeout(self.timeout, self.eval(buckets)).await {
             Ok(result) => result,
             Err(_) => Err(LimiterError::Timeout(self.timeout)),
         };
         match &result {
-            Ok(_) => self.metrics.redis_latency(started.elapsed()),
-            Err(e) => self.metrics.redis_error(e.kind()),
+            Ok(_) => {
+                self.metrics.redis_latency(started.elapsed());
+                self.note(self.breaker.success());
+            }
+            Err(e) => {
+                self.metrics.redis_error(e.kind());
+                let transition = if e.is_transient() {
+                    self.breaker.failure(Instant::now())
+                } else {
+                    self.breaker.success()
+                };
+                self.note(transition);
+            }
         }
         result
     }
 
     async fn ping(&self) -> Result<(), LimiterError> {
         let ping = async {
-            let mut conn = self.connection().await?;
-            redis::cmd("PING")
-                .query_async::<()>(&mut conn)
-                .await
-                .map_err(classify)
+            let cmd = redis::cmd("PING");
+            match &self.topology {
+                Topology::Standalone { client, conn } => {
+                    let mut conn = conn
+                        .get_or_try_init(|| async {
+                            ConnectionManager::new_lazy_with_config(
+                                client.clone(),
+                                self.manager_config(),
+                            )
+                        })
+                        .await
+                        .map_err(classify)?
+                        .clone();
+                    query(&mut conn, &cmd).await
+                }
+                Topology::Cluster { client, conn } => {
+                    let mut conn = conn
+                        .get_or_try_init(|| client.get_async_connection())
+                        .await
+                        .map_err(classify)?
+                        .clone();
+                    query(&mut conn, &cmd).await
+                }
+                Topology::Sentinel { .. } => {
+                    let mut conn = (*self.sentinel_primary().await?).clone();
+                    query(&mut conn, &cmd).await
+                }
+            }
         };
         tokio::time::timeout(self.timeout, ping)
             .await
             .unwrap_or(Err(LimiterError::Timeout(self.timeout)))
     }
+}
+
+async fn query(conn: &mut impl ConnectionLike, cmd: &redis::Cmd) -> Result<(), LimiterError> {
+    cmd.query_async::<()>(conn).await.map_err(classify)
 }
 
 fn classify(e: RedisError) -> LimiterError {
@@ -133,6 +367,7 @@ fn classify(e: RedisError) -> LimiterError {
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_unrecoverable_error()
+        || e.is_cluster_error()
     {
         LimiterError::Connection(e.to_string())
     } else if matches!(

@@ -8,5 +8,6 @@ mod lua_script;
 mod operations;
 mod proofs;
 mod redis_faults;
+mod resilience;
 mod scenarios;
 mod support;
