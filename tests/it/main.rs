@@ -11,3 +11,4 @@ mod redis_faults;
 mod resilience;
 mod scenarios;
 mod support;
+mod topologies;

@@ -1,6 +1,7 @@
 //! Real parts for the scenarios: redis-server processes, an HTTP upstream, the proxy binary, and a
 //! plain HTTP/1.1 client that sends exactly the bytes a test asks for.
 
+pub mod cluster;
 pub mod http;
 pub mod proxy;
 pub mod redis;
