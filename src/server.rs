@@ -7,7 +7,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{ClockSource, Config};
 use crate::deny_cache::DenyCache;
 use crate::limiter::memory::MemoryLimiter;
-use crate::limiter::redis::RedisLimiter;
+use crate::limiter::redis::{RedisLimiter, Security};
 use crate::limiter::{Limiter, LimiterError};
 use crate::metrics::Metrics;
 use crate::plan::{Plan, PlanError};
@@ -44,6 +44,8 @@ pub enum StartError {
     Store(#[from] LimiterError),
     #[error("redis.password_env names {0}, which is not set in the environment")]
     Password(String),
+    #[error("redis.tls_ca_file: cannot read {0}")]
+    CaFile(String),
 }
 
 /// Denials remembered at most (see `deny_cache`).
@@ -72,14 +74,23 @@ pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), Start
                 ClockSource::Redis => None,
                 ClockSource::Proxy => Some(Box::new(SystemClock)),
             };
-            let password = match &redis.password_env {
-                Some(name) => {
-                    Some(std::env::var(name).map_err(|_| StartError::Password(name.clone()))?)
-                }
-                None => None,
+            let security = Security {
+                password: match &redis.password_env {
+                    Some(name) => {
+                        Some(std::env::var(name).map_err(|_| StartError::Password(name.clone()))?)
+                    }
+                    None => None,
+                },
+                ca_pem: match &redis.tls_ca_file {
+                    Some(path) => Some(
+                        std::fs::read(path)
+                            .map_err(|e| StartError::CaFile(format!("{}: {e}", path.display())))?,
+                    ),
+                    None => None,
+                },
             };
             let limiter =
-                RedisLimiter::connect(&redis.target, password, redis.timeout, clock, metrics)?;
+                RedisLimiter::connect(&redis.target, security, redis.timeout, clock, metrics)?;
             serve(&config, parts, Arc::new(limiter))
         }
         None => {

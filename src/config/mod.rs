@@ -38,6 +38,9 @@ pub struct RedisSettings {
     pub target: RedisTarget,
     /// The name of an environment variable holding the password, so it stays out of the file.
     pub password_env: Option<String>,
+    /// PEM file of the CA that signed the Redis servers' certificates (`rediss://`), when it is
+    /// not in the system's trust store. Read at start.
+    pub tls_ca_file: Option<std::path::PathBuf>,
     /// How many proxies share the limits: `on_redis_error: local` divides them by it.
     pub fleet_size: u64,
     /// The whole budget of one decision, queueing and reconnecting included.

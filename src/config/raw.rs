@@ -32,6 +32,7 @@ pub(super) struct RawRedis {
     pub cluster: Option<Vec<String>>,
     pub sentinel: Option<RawSentinel>,
     pub password_env: Option<String>,
+    pub tls_ca_file: Option<String>,
     pub fleet_size: Option<u64>,
     pub timeout_ms: Option<u64>,
     pub key_prefix: Option<String>,

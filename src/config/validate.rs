@@ -204,6 +204,17 @@ impl Validator<'_> {
         let before = self.problems.len();
         let target = self.redis_target(&raw);
         let password_env = raw.password_env.clone();
+        let tls_ca_file = raw.tls_ca_file.clone().map(std::path::PathBuf::from);
+        if tls_ca_file
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            self.problem(
+                None,
+                vec![key("redis"), key("tls_ca_file")],
+                "must be a path to a PEM file",
+            );
+        }
         if let Some(name) = &password_env {
             let valid = !name.is_empty()
                 && !name.starts_with(|c: char| c.is_ascii_digit())
@@ -260,6 +271,7 @@ impl Validator<'_> {
         (self.problems.len() == before).then(|| RedisSettings {
             target: target.expect("no problem means a target"),
             password_env,
+            tls_ca_file,
             fleet_size,
             timeout: Duration::from_millis(timeout_ms),
             key_prefix,

@@ -16,8 +16,8 @@ use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::{IntoConnectionInfo, RedisError, Script, ScriptInvocation};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{IntoConnectionInfo, RedisError, Script, ScriptInvocation, TlsCertificates, TlsMode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, OnceCell};
@@ -41,9 +41,45 @@ enum Topology {
     /// current one stops answering or has become a read-only replica.
     Sentinel {
         sentinels: Mutex<SentinelClient>,
-        password: Option<String>,
+        security: Security,
         conn: ArcSwapOption<ConnectionManager>,
     },
+}
+
+/// How to authenticate to the Redis servers.
+#[derive(Debug, Clone, Default)]
+pub struct Security {
+    /// Overrides what the URLs carry (it comes from the environment).
+    pub password: Option<String>,
+    /// Trust this CA (PEM) for `rediss://` instead of the system's store.
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+impl Security {
+    fn certificates(&self) -> Option<TlsCertificates> {
+        self.ca_pem.as_ref().map(|pem| TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem.clone()),
+        })
+    }
+
+    fn apply(&self, info: redis::ConnectionInfo) -> redis::ConnectionInfo {
+        match &self.password {
+            Some(p) => {
+                let settings = info.redis_settings().clone().set_password(p);
+                info.set_redis_settings(settings)
+            }
+            None => info,
+        }
+    }
+
+    fn client(&self, info: redis::ConnectionInfo) -> redis::RedisResult<redis::Client> {
+        let info = self.apply(info);
+        match self.certificates() {
+            Some(certs) => redis::Client::build_with_tls(info, certs),
+            None => redis::Client::open(info),
+        }
+    }
 }
 
 pub struct RedisLimiter {
@@ -66,63 +102,65 @@ impl RedisLimiter {
     ) -> Result<RedisLimiter, LimiterError> {
         RedisLimiter::connect(
             &RedisTarget::Standalone(url.to_string()),
-            None,
+            Security::default(),
             timeout,
             clock,
             metrics,
         )
     }
 
-    /// Any target; `password` (from the environment) overrides what the URLs carry.
+    /// Any target. Connects nothing yet.
     pub fn connect(
         target: &RedisTarget,
-        password: Option<String>,
+        security: Security,
         timeout: Duration,
         clock: Option<Box<dyn Clock>>,
         metrics: Metrics,
     ) -> Result<RedisLimiter, LimiterError> {
         let bad = |e: RedisError| LimiterError::Other(format!("redis configuration: {e}"));
-        let info = |url: &str| -> Result<redis::ConnectionInfo, LimiterError> {
-            let info = url.into_connection_info().map_err(bad)?;
-            Ok(match &password {
-                Some(p) => {
-                    let settings = info.redis_settings().clone().set_password(p);
-                    info.set_redis_settings(settings)
-                }
-                None => info,
-            })
-        };
+        let info = |url: &str| url.into_connection_info().map_err(bad);
         let topology = match target {
             RedisTarget::Standalone(url) => Topology::Standalone {
-                client: redis::Client::open(info(url)?).map_err(bad)?,
+                client: security.client(info(url)?).map_err(bad)?,
                 conn: OnceCell::new(),
             },
             RedisTarget::Cluster(nodes) => {
                 let nodes = nodes
                     .iter()
-                    .map(|n| info(n))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let client = ClusterClient::builder(nodes)
+                    .map(|n| Ok(security.apply(info(n)?)))
+                    .collect::<Result<Vec<_>, LimiterError>>()?;
+                let mut builder = ClusterClient::builder(nodes)
                     .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .build()
-                    .map_err(bad)?;
+                    .response_timeout(timeout);
+                if let Some(certs) = security.certificates() {
+                    builder = builder.certs(certs);
+                }
                 Topology::Cluster {
-                    client,
+                    client: builder.build().map_err(bad)?,
                     conn: OnceCell::new(),
                 }
             }
             RedisTarget::Sentinel { master, nodes } => {
+                // The sentinels are reached as their URLs say; the primary they name gets the
+                // password and, with a CA, TLS.
                 let nodes = nodes
                     .iter()
                     .map(|n| info(n))
                     .collect::<Result<Vec<_>, _>>()?;
-                let sentinels =
-                    SentinelClient::build(nodes, master.clone(), None, SentinelServerType::Master)
-                        .map_err(bad)?;
+                let node_info = security
+                    .ca_pem
+                    .is_some()
+                    .then(|| SentinelNodeConnectionInfo::default().set_tls_mode(TlsMode::Secure));
+                let sentinels = SentinelClient::build(
+                    nodes,
+                    master.clone(),
+                    node_info,
+                    SentinelServerType::Master,
+                )
+                .map_err(bad)?;
                 Topology::Sentinel {
                     sentinels: Mutex::new(sentinels),
-                    password,
+                    security,
                     conn: ArcSwapOption::empty(),
                 }
             }
@@ -222,7 +260,7 @@ impl RedisLimiter {
     async fn sentinel_primary(&self) -> Result<Arc<ConnectionManager>, LimiterError> {
         let Topology::Sentinel {
             sentinels,
-            password,
+            security,
             conn,
         } = &self.topology
         else {
@@ -236,15 +274,10 @@ impl RedisLimiter {
         if let Some(c) = conn.load_full() {
             return Ok(c);
         }
-        let client = sentinels.async_get_client().await.map_err(classify)?;
-        let client = match password {
-            Some(p) => {
-                let info = client.get_connection_info().clone();
-                let settings = info.redis_settings().clone().set_password(p);
-                redis::Client::open(info.set_redis_settings(settings)).map_err(classify)?
-            }
-            None => client,
-        };
+        let found = sentinels.async_get_client().await.map_err(classify)?;
+        let client = security
+            .client(found.get_connection_info().clone())
+            .map_err(classify)?;
         log::info!(
             "sentinel: primary is {}",
             client.get_connection_info().addr()

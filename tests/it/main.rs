@@ -8,6 +8,7 @@ mod lua_script;
 mod operations;
 mod proofs;
 mod redis_faults;
+mod redis_security;
 mod resilience;
 mod scenarios;
 mod support;

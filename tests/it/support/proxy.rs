@@ -19,11 +19,18 @@ pub struct Proxy {
     config: String,
     /// Where this instance hands its listeners over on an upgrade.
     upgrade_sock: PathBuf,
+    /// Extra environment for the process.
+    env: Vec<(String, String)>,
 }
 
 impl Proxy {
     /// Starts the proxy on `yaml`, where `{listen}` and `{admin}` become fresh loopback addresses.
     pub fn start(yaml: &str) -> Proxy {
+        Proxy::start_with_env(yaml, &[])
+    }
+
+    /// `start`, with these variables in the proxy's environment.
+    pub fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Proxy {
         let mut last = String::new();
         // A free port can be taken between our probe and the proxy's bind: try fresh ones.
         for _ in 0..3 {
@@ -41,6 +48,10 @@ impl Proxy {
                 admin,
                 config,
                 upgrade_sock,
+                env: env
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
             };
             match proxy.spawn(false) {
                 Ok(()) => return proxy,
@@ -71,6 +82,7 @@ impl Proxy {
         if upgrade {
             cmd.arg("--upgrade");
         }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let child = cmd
             .env("RUST_LOG", "info,ratelimit_proxy=debug")
             .stdin(Stdio::null())
@@ -195,6 +207,7 @@ impl Proxy {
             admin: self.admin,
             config: self.config.clone(),
             upgrade_sock: self.upgrade_sock.clone(),
+            env: self.env.clone(),
         };
         next.spawn(true)
             .unwrap_or_else(|e| panic!("upgrade instance: {e}"));

@@ -77,8 +77,18 @@ impl RedisServer {
         format!("unix://{}", self.socket().display())
     }
 
+    /// A connection as the default user, authenticated when `--requirepass` was given.
     pub fn connection(&self) -> redis::RedisResult<redis::Connection> {
-        redis::Client::open(self.url())?.get_connection()
+        let password = self
+            .args
+            .iter()
+            .position(|a| a == "--requirepass")
+            .map(|i| &self.args[i + 1]);
+        let url = match password {
+            Some(p) => format!("{}?pass={p}", self.url()),
+            None => self.url(),
+        };
+        redis::Client::open(url)?.get_connection()
     }
 
     /// Runs one command; panics with Redis's answer when it fails.

@@ -1,0 +1,189 @@
+//! Reaching a protected Redis: a least-privilege ACL user whose password comes from the
+//! environment, and TLS verified against the operator's CA.
+
+use crate::support::proxy::{Proxy, BIN};
+use crate::support::redis::RedisServer;
+use crate::support::upstream::Upstream;
+use std::path::Path;
+use std::process::Command;
+
+/// The password comes from the environment (`redis.password_env`), and the proxy needs no more
+/// than this ACL: its keys, EVALSHA, SCRIPT LOAD, PING, and the commands the script runs.
+#[test]
+fn a_least_privilege_acl_user_with_its_password_from_the_environment() {
+    let redis = RedisServer::start_with(&["--requirepass", "admin-secret"]);
+    let _: String = redis.cmd(&[
+        "ACL",
+        "SETUSER",
+        "limiter",
+        "on",
+        ">limiter-secret",
+        "~rl:*",
+        "+evalsha",
+        "+script|load",
+        "+ping",
+        "+hmget",
+        "+hset",
+        "+pexpire",
+        "+time",
+    ]);
+    let upstream = Upstream::start();
+    let config = |url: &str| {
+        format!(
+            "listen: \"{{listen}}\"\nadmin: \"{{admin}}\"\nredis:\n  url: \"{url}\"\n  password_env: RL_TEST_REDIS_PASSWORD\n  timeout_ms: 2000\n\
+             routes:\n  - name: api\n    upstream: \"{}\"\n    on_redis_error: closed\n    limits: [{{ name: l, capacity: 2, refill: \"1/h\" }}]\n",
+            upstream.addr
+        )
+    };
+    let url = format!("{}?user=limiter", redis.url());
+    let proxy = Proxy::start_with_env(
+        &config(&url),
+        &[("RL_TEST_REDIS_PASSWORD", "limiter-secret")],
+    );
+    assert_eq!(
+        proxy.get("/", &[]).header("x-ratelimit-remaining"),
+        Some("1")
+    );
+    assert_eq!(proxy.get("/", &[]).status, 200);
+    assert_eq!(proxy.get("/", &[]).status, 429);
+    assert_eq!(proxy.admin_get("/readyz").status, 200);
+
+    // A wrong password is a failed decision like any other: this route fails closed.
+    let wrong = Proxy::start_with_env(&config(&url), &[("RL_TEST_REDIS_PASSWORD", "nope")]);
+    assert_eq!(wrong.get("/", &[]).status, 503);
+    assert_eq!(wrong.admin_get("/readyz").status, 503);
+    assert_eq!(upstream.hits(), 2);
+}
+
+#[test]
+fn a_missing_password_variable_stops_the_start_with_its_name() {
+    let redis = RedisServer::start();
+    let yaml = format!(
+        "listen: \"127.0.0.1:1\"\nredis:\n  url: \"{}\"\n  password_env: RL_TEST_UNSET_VARIABLE\nroutes:\n  - {{ name: a, upstream: \"127.0.0.1:2\" }}\n",
+        redis.url()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("routes.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(&path)
+        .env_remove("RL_TEST_UNSET_VARIABLE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "redis.password_env names RL_TEST_UNSET_VARIABLE, which is not set in the environment"
+        ),
+        "{stderr}"
+    );
+}
+
+/// A CA, and a server certificate it signed for 127.0.0.1, made with the openssl CLI.
+fn certificates(dir: &Path) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .unwrap();
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=ratelimit-proxy test CA",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "1",
+        "-extfile",
+        "san.ext",
+    ]);
+}
+
+#[test]
+fn tls_to_redis_is_verified_against_the_configured_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    let tls_port = crate::support::free_port().to_string();
+    let file = |name: &str| dir.path().join(name).display().to_string();
+    let redis = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port,
+        "--tls-cert-file",
+        &file("server.crt"),
+        "--tls-key-file",
+        &file("server.key"),
+        "--tls-ca-cert-file",
+        &file("ca.crt"),
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let upstream = Upstream::start();
+    let config = |ca: &str| {
+        format!(
+            "listen: \"{{listen}}\"\nadmin: \"{{admin}}\"\nredis:\n  url: \"rediss://127.0.0.1:{tls_port}\"\n{ca}  timeout_ms: 2000\n\
+             routes:\n  - name: api\n    upstream: \"{}\"\n    on_redis_error: closed\n    limits: [{{ name: l, capacity: 2, refill: \"1/h\" }}]\n",
+            upstream.addr
+        )
+    };
+    let proxy = Proxy::start(&config(&format!("  tls_ca_file: \"{}\"\n", file("ca.crt"))));
+    assert_eq!(
+        proxy.get("/", &[]).header("x-ratelimit-remaining"),
+        Some("1")
+    );
+    assert_eq!(proxy.get("/", &[]).status, 200);
+    assert_eq!(proxy.get("/", &[]).status, 429);
+    let keys: Vec<String> = redis.cmd(&["KEYS", "rl:*"]);
+    assert_eq!(keys.len(), 1, "the buckets live in the TLS-served Redis");
+
+    // Without the CA the server's certificate is not trusted: no decision, the route fails closed.
+    let untrusting = Proxy::start(&config(""));
+    assert_eq!(untrusting.get("/", &[]).status, 503);
+    assert!(untrusting.metric("ratelimit_redis_errors_total{kind=\"connection\"}") >= 1.0);
+}
