@@ -1,0 +1,97 @@
+//! One limit: its bucket, its rate, and what identifies a client.
+
+use super::{at, valid_name, Validator};
+use crate::config::locate::Seg;
+use crate::config::raw::RawLimit;
+use crate::config::*;
+
+impl Validator<'_> {
+    pub(super) fn limit(&mut self, r: Option<&str>, base: &[Seg], raw: RawLimit) -> Option<Limit> {
+        let before = self.problems.len();
+        let name = raw.name.unwrap_or_default();
+        if name.is_empty() {
+            self.problem(r, at(base, &["name"]), "is required");
+        } else if !valid_name(&name) {
+            self.problem(
+                r,
+                at(base, &["name"]),
+                format!("{name:?} may contain only A-Z, a-z, 0-9, _ and - (at most 64)"),
+            );
+        }
+        let capacity = match raw.capacity {
+            None => {
+                self.problem(
+                    r,
+                    at(base, &["capacity"]),
+                    "is required: the bucket size (burst), an integer >= 1",
+                );
+                None
+            }
+            Some(0) => {
+                self.problem(r, at(base, &["capacity"]), "must be an integer >= 1, got 0");
+                None
+            }
+            Some(c) => Some(c),
+        };
+        let refill = match raw.refill.as_deref() {
+            None => {
+                self.problem(
+                    r,
+                    at(base, &["refill"]),
+                    "is required: the sustained rate, e.g. \"10/s\"",
+                );
+                None
+            }
+            Some(text) => match Rate::parse(text) {
+                Ok(rate) => Some(rate),
+                Err(msg) => {
+                    self.problem(r, at(base, &["refill"]), msg);
+                    None
+                }
+            },
+        };
+        let key = match raw.key.as_deref() {
+            None | Some("client_ip") => Some(KeySource::ClientIp),
+            Some("route") => Some(KeySource::Route),
+            Some(other) => match other.strip_prefix("header:") {
+                Some(h) if !h.is_empty() && http::HeaderName::from_bytes(h.as_bytes()).is_ok() => {
+                    Some(KeySource::Header(h.to_ascii_lowercase()))
+                }
+                _ => {
+                    self.problem(
+                        r,
+                        at(base, &["key"]),
+                        format!("must be client_ip, route or header:<Name>, got {other:?}"),
+                    );
+                    None
+                }
+            },
+        };
+        let cost = raw.cost.unwrap_or(1);
+        if let Some(cap) = capacity {
+            if cost == 0 || cost > cap {
+                self.problem(
+                    r,
+                    at(base, &["cost"]),
+                    format!("must be between 1 and the capacity ({cap}), got {cost}"),
+                );
+            }
+        }
+        if let (Some(cap), Some(rate)) = (capacity, refill) {
+            let units = u128::from(cap) * u128::from(rate.scale()) + u128::from(rate.num());
+            if units > u128::from(EXACT_LIMIT) {
+                self.problem(r, at(base, &["capacity"]), format!(
+                    "capacity {cap} at refill {rate} needs more precision than the store's numbers hold exactly \
+                     ({cap} × {} units > 2^53); lower the capacity or use a faster rate", rate.scale()
+                ));
+            }
+        }
+        (self.problems.len() == before).then(|| Limit {
+            name,
+            capacity: capacity.unwrap_or(1),
+            refill: refill.expect("no problem means a rate"),
+            key: key.unwrap_or(KeySource::ClientIp),
+            cost,
+        })
+    }
+}

@@ -1,0 +1,264 @@
+//! Raw YAML → validated `Config`, collecting every problem instead of stopping at the first.
+
+mod limit;
+mod redis;
+mod route;
+
+use super::locate::{line_of, render, Seg};
+use super::raw::{OneOrMany, RawConfig};
+use super::*;
+
+pub(super) fn validate(file: &str, text: &str) -> Result<Config, ConfigError> {
+    let mut v = Validator {
+        file,
+        text,
+        problems: Vec::new(),
+    };
+    let config = v.config();
+    match config {
+        Some(c) if v.problems.is_empty() => Ok(c),
+        _ => Err(ConfigError::Invalid(v.problems)),
+    }
+}
+
+struct Validator<'a> {
+    file: &'a str,
+    text: &'a str,
+    problems: Vec<Problem>,
+}
+
+fn key(k: &str) -> Seg {
+    Seg::Key(k.to_string())
+}
+
+fn at(base: &[Seg], more: &[&str]) -> Vec<Seg> {
+    base.iter()
+        .cloned()
+        .chain(more.iter().map(|k| key(k)))
+        .collect()
+}
+
+/// Names go into metric labels, store keys and header values: keep them to a safe alphabet.
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+impl Validator<'_> {
+    pub(super) fn problem(
+        &mut self,
+        route: Option<&str>,
+        path: Vec<Seg>,
+        message: impl Into<String>,
+    ) {
+        self.problems.push(Problem {
+            file: self.file.to_string(),
+            line: line_of(self.text, &path),
+            route: route.map(str::to_string),
+            field: render(&path),
+            message: message.into(),
+        });
+    }
+
+    /// A serde error at `base` (plus the path serde tracked below it).
+    pub(super) fn serde_problem<E: std::fmt::Display>(
+        &mut self,
+        route: Option<&str>,
+        base: &[Seg],
+        err: serde_path_to_error::Error<E>,
+        location: Option<usize>,
+    ) {
+        let mut path = base.to_vec();
+        for seg in err.path().iter() {
+            match seg {
+                serde_path_to_error::Segment::Seq { index } => path.push(Seg::Index(*index)),
+                serde_path_to_error::Segment::Map { key: k } => path.push(key(k)),
+                _ => {}
+            }
+        }
+        // serde_yaml names the map for an unknown key, the field for anything else.
+        let own = &path[base.len()..];
+        let prefixes = [render(own), render(&own[..own.len().saturating_sub(1)])];
+        let message = clean_serde_message(&err.inner().to_string(), &prefixes);
+        // "unknown field `x`": point at the key itself, not the map that holds it.
+        if let Some(name) = message
+            .strip_prefix("unknown field `")
+            .and_then(|m| m.split('`').next())
+        {
+            if path.last() != Some(&key(name)) {
+                path.push(key(name));
+            }
+        }
+        let line = location.or_else(|| line_of(self.text, &path));
+        self.problems.push(Problem {
+            file: self.file.to_string(),
+            line,
+            route: route.map(str::to_string),
+            field: render(&path),
+            message,
+        });
+    }
+
+    fn config(&mut self) -> Option<Config> {
+        let de = serde_yaml::Deserializer::from_str(self.text);
+        let raw: RawConfig = match serde_path_to_error::deserialize(de) {
+            Ok(raw) => raw,
+            Err(err) => {
+                let location = err.inner().location().map(|l| l.line());
+                self.serde_problem(None, &[], err, location);
+                return None;
+            }
+        };
+        let listen = self.listen(raw.listen);
+        let admin = self.address(
+            None,
+            vec![key("admin")],
+            raw.admin.as_deref().unwrap_or(DEFAULT_ADMIN),
+        );
+        if let (Some(admin), Some(listen)) = (admin, &listen) {
+            if listen.contains(&admin) {
+                self.problem(
+                    None,
+                    vec![key("admin")],
+                    "must differ from every listen address",
+                );
+            }
+        }
+        let redis = raw.redis.and_then(|r| self.redis(r));
+        let default_fail = self.fail_mode(
+            None,
+            vec![key("on_redis_error")],
+            raw.on_redis_error.as_deref(),
+        );
+        let grace = raw.shutdown_grace_seconds.unwrap_or(5);
+        if grace > 3600 {
+            self.problem(
+                None,
+                vec![key("shutdown_grace_seconds")],
+                format!("must be at most 3600, got {grace}"),
+            );
+        }
+        let max_keys = raw
+            .memory
+            .and_then(|m| m.max_keys)
+            .unwrap_or(DEFAULT_MAX_KEYS as u64);
+        if !(1_000..=1_000_000_000).contains(&max_keys) {
+            self.problem(
+                None,
+                vec![key("memory"), key("max_keys")],
+                format!("must be between 1000 and 1000000000, got {max_keys}"),
+            );
+        }
+        let routes = self.routes(raw.routes, default_fail.unwrap_or(FailMode::Open));
+        Some(Config {
+            listen: listen?,
+            admin: admin?,
+            redis,
+            shutdown_grace: Duration::from_secs(grace),
+            memory: MemorySettings {
+                max_keys: max_keys as usize,
+            },
+            routes,
+        })
+    }
+
+    fn address(&mut self, route: Option<&str>, path: Vec<Seg>, text: &str) -> Option<SocketAddr> {
+        match text.parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                self.problem(
+                    route,
+                    path,
+                    format!("invalid address {text:?}: expected IP:port, e.g. \"0.0.0.0:8080\""),
+                );
+                None
+            }
+        }
+    }
+
+    fn listen(&mut self, raw: Option<OneOrMany>) -> Option<Vec<SocketAddr>> {
+        let list = match raw {
+            None => {
+                self.problem(
+                    None,
+                    vec![key("listen")],
+                    "is required: an address like \"0.0.0.0:8080\", or a list of them",
+                );
+                return None;
+            }
+            Some(OneOrMany::One(one)) => {
+                return self
+                    .address(None, vec![key("listen")], &one)
+                    .map(|a| vec![a])
+            }
+            Some(OneOrMany::Many(list)) => list,
+        };
+        if list.is_empty() {
+            self.problem(None, vec![key("listen")], "must name at least one address");
+            return None;
+        }
+        let before = self.problems.len();
+        let addrs: Vec<_> = list
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| self.address(None, vec![key("listen"), Seg::Index(i)], a))
+            .collect();
+        (self.problems.len() == before).then_some(addrs)
+    }
+
+    pub(super) fn fail_mode(
+        &mut self,
+        route: Option<&str>,
+        path: Vec<Seg>,
+        raw: Option<&str>,
+    ) -> Option<FailMode> {
+        match raw {
+            None => None,
+            Some("open") => Some(FailMode::Open),
+            Some("closed") => Some(FailMode::Closed),
+            Some("local") => Some(FailMode::Local),
+            Some(other) => {
+                self.problem(
+                    route,
+                    path,
+                    format!("must be \"open\", \"closed\" or \"local\", got {other:?}"),
+                );
+                None
+            }
+        }
+    }
+}
+
+/// serde_yaml puts " at line L column C" into its messages and may start them with the path; the
+/// problem carries both separately. Its type names are Rust's; the operator reads YAML.
+fn clean_serde_message(msg: &str, paths: &[String]) -> String {
+    let out = paths
+        .iter()
+        .filter(|p| !p.is_empty())
+        .find_map(|p| {
+            msg.strip_prefix(p.as_str())
+                .and_then(|m| m.strip_prefix(": "))
+        })
+        .unwrap_or(msg);
+    let mut clean = String::with_capacity(out.len());
+    let mut rest = out;
+    while let Some(i) = rest.find(" at line ") {
+        clean.push_str(&rest[..i]);
+        let tail = &rest[i + " at line ".len()..];
+        let digits = |s: &str| s.len() - s.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        let n = digits(tail);
+        match tail[n..].strip_prefix(" column ") {
+            Some(col) if n > 0 => rest = &col[digits(col)..],
+            _ => {
+                clean.push_str(" at line ");
+                rest = tail;
+            }
+        }
+    }
+    clean.push_str(rest);
+    clean
+        .replace("expected u64", "expected a whole number")
+        .replace("expected a string", "expected text")
+}
