@@ -5,7 +5,7 @@
 //! route; `RateLimit` reports the binding one, see `Decision::binding`). Fail-open responses carry
 //! none of them: the proxy does not know the state then.
 
-use crate::config::Route;
+use crate::config::{DenyFormat, Route};
 use crate::limiter::Decision;
 use http::{HeaderName, HeaderValue};
 
@@ -27,8 +27,13 @@ pub struct RouteHeaders {
 
 impl RouteHeaders {
     pub fn new(route: &Route) -> RouteHeaders {
-        let policy = route
+        // Shadow limits are the operator's experiment: clients never see them.
+        let enforced: Vec<_> = route
             .limits
+            .iter()
+            .filter(|l| !l.shadow && !route.shadow)
+            .collect();
+        let policy = enforced
             .iter()
             .map(|l| {
                 format!(
@@ -46,7 +51,7 @@ impl RouteHeaders {
             // Names are [A-Za-z0-9_-], so the value is always a valid header value.
             policy: HeaderValue::try_from(policy)
                 .ok()
-                .filter(|_| !route.limits.is_empty()),
+                .filter(|_| !enforced.is_empty()),
         }
     }
 
@@ -55,11 +60,19 @@ impl RouteHeaders {
         &self.names[i]
     }
 
-    /// Calls `put` with every header that describes `decision`. A rejection adds `Retry-After`,
-    /// and then `RateLimit`'s `t` is the same number of seconds.
-    pub fn each(&self, decision: &Decision, mut put: impl FnMut(HeaderName, HeaderValue)) {
-        let Some(i) = decision.binding() else { return };
-        let state = &decision.limits[i];
+    /// Calls `put` with every header that describes `decision`, whose `limits[j]` is the route's
+    /// limit `limits[j]`. A rejection adds `Retry-After`, and then `RateLimit`'s `t` is the same
+    /// number of seconds.
+    pub fn each(
+        &self,
+        decision: &Decision,
+        limits: &[usize],
+        mut put: impl FnMut(HeaderName, HeaderValue),
+    ) {
+        let Some(j) = decision.binding() else { return };
+        let (Some(state), Some(&i)) = (decision.limits.get(j), limits.get(j)) else {
+            return;
+        };
         let t = if decision.allowed {
             secs_ceil(state.wait_us)
         } else {
@@ -90,9 +103,64 @@ pub fn retry_after_secs(decision: &Decision) -> u64 {
     secs_ceil(decision.retry_after_us()).max(1)
 }
 
-/// The plain-text body of a 429.
-pub fn rejection_body(route: &str, limit: &str, retry_after: u64) -> String {
-    format!("429 Too Many Requests: limit \"{limit}\" of route \"{route}\" is exhausted; retry in {retry_after} s\n")
+/// Why a request is refused: the limits it violated, and when it may come back (`None`: not by
+/// waiting, its key is missing).
+pub struct Refusal<'a> {
+    pub status: u16,
+    pub route: &'a str,
+    pub violated: Vec<&'a str>,
+    pub retry_after: Option<u64>,
+}
+
+/// The IETF problem type for an exhausted quota (draft-ietf-httpapi-ratelimit-headers).
+const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// The content type and body of a refusal in the route's chosen format.
+pub fn refusal_body(format: &DenyFormat, why: &Refusal<'_>) -> (String, String) {
+    let detail = match why.retry_after {
+        Some(s) => format!(
+            "limit {} of route \"{}\" is exhausted; retry in {s} s",
+            quoted(&why.violated),
+            why.route
+        ),
+        None => format!(
+            "limit {} of route \"{}\" needs a key this request does not carry",
+            quoted(&why.violated),
+            why.route
+        ),
+    };
+    match format {
+        DenyFormat::Text => {
+            let reason = http::StatusCode::from_u16(why.status)
+                .ok()
+                .and_then(|s| s.canonical_reason())
+                .unwrap_or("Refused");
+            (
+                "text/plain; charset=utf-8".into(),
+                format!("{} {reason}: {detail}\n", why.status),
+            )
+        }
+        DenyFormat::Custom { body, content_type } => (content_type.clone(), body.clone()),
+        // Route and limit names are [A-Za-z0-9_-]: nothing in them needs JSON escaping.
+        DenyFormat::ProblemJson => (
+            "application/problem+json".into(),
+            format!(
+                "{{\"type\":\"{QUOTA_EXCEEDED}\",\"title\":\"Request cannot be satisfied as assigned quota has been exceeded\",\
+                 \"status\":{},\"detail\":\"{}\",\"violated-policies\":[{}]}}",
+                why.status,
+                detail.replace('"', "'"),
+                why.violated.iter().map(|v| format!("\"{v}\"")).collect::<Vec<_>>().join(",")
+            ),
+        ),
+    }
+}
+
+fn quoted(names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|n| format!("\"{n}\""))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn secs_ceil(us: u64) -> u64 {
@@ -112,7 +180,7 @@ mod tests {
 
     fn collect(h: &RouteHeaders, d: &Decision) -> Vec<(String, String)> {
         let mut out = Vec::new();
-        h.each(d, |n, v| {
+        h.each(d, &[0, 1], |n, v| {
             out.push((n.to_string(), v.to_str().unwrap().to_string()))
         });
         out

@@ -15,7 +15,7 @@ use crate::config::{KeySource, Route};
 /// Raw values longer than this are hashed.
 const MAX_RAW: usize = 64;
 
-/// What one limit's key source yields for one request.
+/// What one part of a limit's key yields for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Identity<'a> {
     Value(&'a [u8]),
@@ -29,7 +29,7 @@ pub enum Identity<'a> {
 pub struct KeyPlan {
     /// `<prefix>:{<route>` — the tag is still open.
     head: String,
-    /// Every limit keys on the same per-client source: its value goes into the tag.
+    /// Every limit keys on the same per-client parts: their values go into the tag.
     value_in_tag: bool,
     limits: Vec<String>,
 }
@@ -37,7 +37,7 @@ pub struct KeyPlan {
 impl KeyPlan {
     pub fn new(prefix: &str, route: &Route) -> KeyPlan {
         let first = route.limits.first().map(|l| &l.key);
-        let value_in_tag = first.is_some_and(|k| *k != KeySource::Route)
+        let value_in_tag = first.is_some_and(|k| k.as_slice() != [KeySource::Route])
             && route.limits.iter().all(|l| Some(&l.key) == first);
         KeyPlan {
             head: format!("{prefix}:{{{}", route.name),
@@ -46,25 +46,36 @@ impl KeyPlan {
         }
     }
 
-    /// The key of limit `i` for a request whose identity for that limit is `id`.
-    pub fn key(&self, i: usize, id: Identity<'_>) -> String {
+    /// The key of limit `i` for a request whose key parts for that limit are `parts` (one per
+    /// part of the limit's key, in order; `[Identity::Route]` for a route-wide limit).
+    pub fn key(&self, i: usize, parts: &[Identity<'_>]) -> String {
         let limit = &self.limits[i];
         let mut key = String::with_capacity(self.head.len() + limit.len() + MAX_RAW + 4);
         key.push_str(&self.head);
         if self.value_in_tag {
             key.push(':');
-            push_value(&mut key, id);
+            push_parts(&mut key, parts);
             key.push_str("}:");
             key.push_str(limit);
         } else {
             key.push_str("}:");
             key.push_str(limit);
-            if id != Identity::Route {
+            if parts != [Identity::Route] {
                 key.push(':');
-                push_value(&mut key, id);
+                push_parts(&mut key, parts);
             }
         }
         key
+    }
+}
+
+/// Parts joined by `|`, which no encoded part contains.
+fn push_parts(key: &mut String, parts: &[Identity<'_>]) {
+    for (n, part) in parts.iter().enumerate() {
+        if n > 0 {
+            key.push('|');
+        }
+        push_value(key, *part);
     }
 }
 
@@ -72,8 +83,9 @@ fn push_value(key: &mut String, id: Identity<'_>) {
     match id {
         Identity::Value(v) if !v.is_empty() => {
             let raw_ok = v.len() <= MAX_RAW
-                && v.iter()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+                && v.iter().all(|b| {
+                    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-' | b'/')
+                });
             if raw_ok {
                 // The alphabet is ASCII, so this is valid UTF-8.
                 key.push_str(std::str::from_utf8(v).unwrap_or_default());
@@ -103,24 +115,24 @@ mod tests {
             &route("[{name: s, capacity: 1, refill: 1/s}, {name: m, capacity: 1, refill: 1/m}]"),
         );
         assert_eq!(
-            plan.key(0, Identity::Value(b"10.0.0.1")),
+            plan.key(0, &[Identity::Value(b"10.0.0.1")]),
             "rl:{api:10.0.0.1}:s"
         );
         assert_eq!(
-            plan.key(1, Identity::Value(b"10.0.0.1")),
+            plan.key(1, &[Identity::Value(b"10.0.0.1")]),
             "rl:{api:10.0.0.1}:m"
         );
-        assert_eq!(plan.key(0, Identity::Value(b"::1")), "rl:{api:::1}:s");
+        assert_eq!(plan.key(0, &[Identity::Value(b"::1")]), "rl:{api:::1}:s");
     }
 
     #[test]
     fn mixed_sources_share_the_route_tag() {
         let plan = KeyPlan::new("rl", &route("[{name: ip, capacity: 1, refill: 1/s}, {name: all, capacity: 1, refill: 1/s, key: route}]"));
         assert_eq!(
-            plan.key(0, Identity::Value(b"10.0.0.1")),
+            plan.key(0, &[Identity::Value(b"10.0.0.1")]),
             "rl:{api}:ip:10.0.0.1"
         );
-        assert_eq!(plan.key(1, Identity::Route), "rl:{api}:all");
+        assert_eq!(plan.key(1, &[Identity::Route]), "rl:{api}:all");
     }
 
     #[test]
@@ -130,15 +142,30 @@ mod tests {
             &route("[{name: k, capacity: 1, refill: 1/s, key: \"header:X-Api-Key\"}]"),
         );
         let long = vec![b'a'; 10_000];
-        let k = plan.key(0, Identity::Value(&long));
+        let k = plan.key(0, &[Identity::Value(&long)]);
         assert!(k.len() < 80, "{k}");
-        let k = plan.key(0, Identity::Value(b"x}{y\xff\0"));
+        let k = plan.key(0, &[Identity::Value(b"x}{y\xff\0")]);
         assert!(
             k.starts_with("rl:{api:#") && k.ends_with("}:k") && k.matches('{').count() == 1,
             "{k}"
         );
-        assert_eq!(plan.key(0, Identity::Missing), "rl:{api:~}:k");
-        assert_eq!(plan.key(0, Identity::Value(b"")), "rl:{api:~}:k");
-        assert_ne!(plan.key(0, Identity::Value(b"~")), "rl:{api:~}:k");
+        assert_eq!(plan.key(0, &[Identity::Missing]), "rl:{api:~}:k");
+        assert_eq!(plan.key(0, &[Identity::Value(b"")]), "rl:{api:~}:k");
+        assert_ne!(plan.key(0, &[Identity::Value(b"~")]), "rl:{api:~}:k");
+    }
+
+    #[test]
+    fn composite_keys_join_their_parts() {
+        let plan = KeyPlan::new(
+            "rl",
+            &route("[{name: k, capacity: 1, refill: 1/s, key: [client_ip, \"header:X-Api-Key\"]}]"),
+        );
+        let both = plan.key(0, &[Identity::Value(b"10.0.0.1"), Identity::Value(b"abc")]);
+        assert_eq!(both, "rl:{api:10.0.0.1|abc}:k");
+        assert_eq!(
+            plan.key(0, &[Identity::Value(b"10.0.0.1"), Identity::Missing]),
+            "rl:{api:10.0.0.1|~}:k"
+        );
+        assert_eq!(plan.key(0, &[Identity::Value(b"/a/b")]), "rl:{api:/a/b}:k");
     }
 }

@@ -10,10 +10,14 @@
 //! `plan` compiles it for the request path; `server` and `admin` wire it into Pingora.
 
 pub mod admin;
+pub mod client;
 pub mod clock;
 pub mod config;
 pub mod deny_cache;
+pub mod draw;
+pub mod explain;
 pub mod headers;
+pub mod health;
 pub mod key;
 pub mod limiter;
 pub mod metrics;
@@ -22,3 +26,4 @@ pub mod proxy;
 pub mod reload;
 pub mod route;
 pub mod server;
+pub mod upstream;

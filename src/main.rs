@@ -14,7 +14,8 @@ struct Cli {
     /// The routes and limits (YAML).
     #[arg(long, value_name = "PATH")]
     config: PathBuf,
-    /// Validate the config, list every problem, and exit: 0 when valid.
+    /// Validate the config and exit: 0 and the compiled route table when valid, otherwise every
+    /// problem on stderr.
     #[arg(long)]
     check: bool,
     /// Take the listening sockets over from the running instance, which gets SIGQUIT next
@@ -46,6 +47,7 @@ fn main() -> ExitCode {
             cli.config.display(),
             config.routes.len()
         );
+        print!("{}", ratelimit_proxy::explain::route_table(&config));
         return ExitCode::SUCCESS;
     }
     let options = RunOptions {

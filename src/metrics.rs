@@ -18,16 +18,22 @@ pub enum Outcome {
     LocalFallback,
     /// Redis failed; the in-process fallback bucket rejected it.
     LocalRejected,
+    /// A shadow limit would have rejected it; it was let through.
+    ShadowRejected,
+    /// The route's allowlist let it skip the limits.
+    Bypassed,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 6] = [
+    const ALL: [Outcome; 8] = [
         Outcome::Allowed,
         Outcome::Rejected,
         Outcome::FailOpen,
         Outcome::FailClosed,
         Outcome::LocalFallback,
         Outcome::LocalRejected,
+        Outcome::ShadowRejected,
+        Outcome::Bypassed,
     ];
 
     fn label(self) -> &'static str {
@@ -38,6 +44,8 @@ impl Outcome {
             Outcome::FailClosed => "fail_closed",
             Outcome::LocalFallback => "local_fallback",
             Outcome::LocalRejected => "local_rejected",
+            Outcome::ShadowRejected => "shadow_rejected",
+            Outcome::Bypassed => "bypassed",
         }
     }
 }
@@ -56,13 +64,16 @@ pub struct Metrics {
     redis_up: IntGauge,
     breaker_transitions: IntCounterVec,
     deny_cache_hits: IntCounterVec,
+    responses: IntCounterVec,
 }
 
 /// One route's counters, resolved once so the request path does no label lookup.
 #[derive(Clone)]
 pub struct RouteCounters {
-    decisions: [IntCounter; 6],
+    decisions: [IntCounter; 8],
     deny_cache_hits: IntCounter,
+    /// Responses by status class, 1xx to 5xx.
+    responses: [IntCounter; 5],
 }
 
 impl RouteCounters {
@@ -73,6 +84,16 @@ impl RouteCounters {
     /// A rejection answered from the deny cache, without a store call.
     pub fn deny_cache_hit(&self) {
         self.deny_cache_hits.inc();
+    }
+
+    /// A response with `status` went to the client (whoever wrote it: upstream, limiter, proxy).
+    pub fn response(&self, status: u16) {
+        if let Some(c) = self
+            .responses
+            .get(usize::from(status / 100).wrapping_sub(1))
+        {
+            c.inc();
+        }
     }
 }
 
@@ -137,6 +158,14 @@ impl Metrics {
             ),
             &["route"],
         )?;
+        let responses = IntCounterVec::new(
+            Opts::new(
+                "ratelimit_responses_total",
+                "Responses to clients by route and status class (a dead upstream shows as 5xx)",
+            ),
+            &["route", "class"],
+        )?;
+        registry.register(Box::new(responses.clone()))?;
         registry.register(Box::new(redis_up.clone()))?;
         registry.register(Box::new(breaker_transitions.clone()))?;
         registry.register(Box::new(deny_cache_hits.clone()))?;
@@ -167,6 +196,7 @@ impl Metrics {
             redis_up,
             breaker_transitions,
             deny_cache_hits,
+            responses,
         })
     }
 
@@ -175,6 +205,8 @@ impl Metrics {
         RouteCounters {
             decisions: Outcome::ALL.map(|o| self.decisions.with_label_values(&[route, o.label()])),
             deny_cache_hits: self.deny_cache_hits.with_label_values(&[route]),
+            responses: ["1xx", "2xx", "3xx", "4xx", "5xx"]
+                .map(|class| self.responses.with_label_values(&[route, class])),
         }
     }
 

@@ -2,24 +2,40 @@
 //! (resolved upstream addresses, key layouts, header values, metric handles), so that serving a
 //! request only looks things up.
 
-use crate::config::{Config, FailMode, KeySource};
+use crate::client::ClientIdentity;
+use crate::config::{
+    Allow, Config, DenyResponse, FailMode, HealthCheck, KeySource, MissingKey, UpstreamTimeouts,
+};
 use crate::headers::RouteHeaders;
 use crate::key::KeyPlan;
 use crate::limiter::BucketParams;
 use crate::metrics::{Metrics, RouteCounters};
 use crate::route::RouteTable;
-use std::net::{SocketAddr, ToSocketAddrs};
+use crate::upstream::UpstreamPool;
+use std::net::ToSocketAddrs;
+use std::sync::Arc;
+
+pub struct LimitPlan {
+    pub key: Vec<KeySource>,
+    pub on_missing_key: MissingKey,
+    /// Evaluated and counted, never enforced (the limit's or its route's `shadow`).
+    pub shadow: bool,
+    pub params: BucketParams,
+    /// The share one proxy enforces alone when the store fails (`on_redis_error: local`):
+    /// divided by the fleet size, so the fleet together stays near the shared limit.
+    pub local: BucketParams,
+}
 
 pub struct RoutePlan {
     pub name: String,
-    pub peer: SocketAddr,
+    pub upstreams: Arc<UpstreamPool>,
+    pub timeouts: UpstreamTimeouts,
+    pub health_check: Option<HealthCheck>,
     pub on_redis_error: FailMode,
+    pub allow: Allow,
+    pub deny: DenyResponse,
     pub keys: KeyPlan,
-    pub sources: Vec<KeySource>,
-    pub params: Vec<BucketParams>,
-    /// The limits one proxy enforces alone when the store fails (`on_redis_error: local`): each
-    /// divided by the fleet size, so the fleet together stays near the shared limit.
-    pub local_params: Vec<BucketParams>,
+    pub limits: Vec<LimitPlan>,
     pub headers: RouteHeaders,
     pub counters: RouteCounters,
 }
@@ -27,14 +43,14 @@ pub struct RoutePlan {
 pub struct Plan {
     pub table: RouteTable,
     pub routes: Vec<RoutePlan>,
+    pub client: ClientIdentity,
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("route \"{route}\": upstream {host}:{port} does not resolve: {reason}")]
+#[error("route \"{route}\": upstream {upstream} does not resolve: {reason}")]
 pub struct PlanError {
     route: String,
-    host: String,
-    port: u16,
+    upstream: String,
     reason: String,
 }
 
@@ -50,29 +66,44 @@ impl Plan {
             .routes
             .iter()
             .map(|r| {
-                let up = &r.upstream;
-                let fail = |reason: String| PlanError {
-                    route: r.name.clone(),
-                    host: up.host.clone(),
-                    port: up.port,
-                    reason,
-                };
-                let peer = (up.host.as_str(), up.port)
-                    .to_socket_addrs()
-                    .map_err(|e| fail(e.to_string()))?
-                    .next()
-                    .ok_or_else(|| fail("no address".into()))?;
+                let peers = r
+                    .upstreams
+                    .iter()
+                    .map(|up| {
+                        let fail = |reason: String| PlanError {
+                            route: r.name.clone(),
+                            upstream: format!("{}:{}", up.host, up.port),
+                            reason,
+                        };
+                        (up.host.as_str(), up.port)
+                            .to_socket_addrs()
+                            .map_err(|e| fail(e.to_string()))?
+                            .next()
+                            .ok_or_else(|| fail("no address".into()))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
                 Ok(RoutePlan {
                     name: r.name.clone(),
-                    peer,
+                    upstreams: Arc::new(UpstreamPool::new(peers)),
+                    timeouts: r.upstream_timeouts,
+                    health_check: r.health_check.clone(),
                     on_redis_error: r.on_redis_error,
+                    allow: r.allow.clone(),
+                    deny: r.deny.clone(),
                     keys: KeyPlan::new(prefix, r),
-                    sources: r.limits.iter().map(|l| l.key.clone()).collect(),
-                    params: r.limits.iter().map(BucketParams::from).collect(),
-                    local_params: r
+                    limits: r
                         .limits
                         .iter()
-                        .map(|l| local_share(BucketParams::from(l), fleet))
+                        .map(|l| {
+                            let params = BucketParams::from(l);
+                            LimitPlan {
+                                key: l.key.clone(),
+                                on_missing_key: l.on_missing_key,
+                                shadow: l.shadow || r.shadow,
+                                params,
+                                local: local_share(params, fleet),
+                            }
+                        })
                         .collect(),
                     headers: RouteHeaders::new(r),
                     counters: metrics.route(&r.name),
@@ -82,6 +113,7 @@ impl Plan {
         Ok(Plan {
             table: RouteTable::new(&config.routes),
             routes,
+            client: config.client.clone(),
         })
     }
 
@@ -90,7 +122,7 @@ impl Plan {
     pub fn needs_store(&self) -> bool {
         self.routes
             .iter()
-            .any(|r| r.on_redis_error == FailMode::Closed && !r.params.is_empty())
+            .any(|r| r.on_redis_error == FailMode::Closed && r.limits.iter().any(|l| !l.shadow))
     }
 }
 

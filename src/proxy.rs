@@ -2,20 +2,21 @@
 //! `logging`. What to decide, which headers, which metrics: all of that lives elsewhere.
 
 use crate::clock::{Clock, SystemClock};
-use crate::config::{FailMode, KeySource};
+use crate::config::FailMode;
 use crate::deny_cache::DenyCache;
-use crate::headers;
-use crate::key::Identity;
+use crate::draw::{draws, Draw, Draws, RequestFacts};
+use crate::headers::{self, Refusal};
 use crate::limiter::memory::MemoryLimiter;
-use crate::limiter::{Bucket, BucketParams, Decision, Limiter};
+use crate::limiter::{Decision, Limiter};
 use crate::metrics::Outcome;
 use crate::plan::{Plan, RoutePlan};
 use crate::reload::LivePlan;
 use async_trait::async_trait;
 use bytes::Bytes;
-use http::header;
-use pingora::http::ResponseHeader;
+use http::{header, HeaderName, HeaderValue};
+use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
+use pingora::proxy::FailToProxy;
 use std::sync::Arc;
 
 pub struct RateLimitProxy<L> {
@@ -51,33 +52,39 @@ pub struct RequestCtx {
     plan: Option<Arc<Plan>>,
     route: Option<usize>,
     outcome: Option<Outcome>,
-    /// Kept for `response_filter` when the request was allowed.
-    decision: Option<Decision>,
+    /// Kept for `response_filter` when the request was allowed, with the route's index of each
+    /// of its limits.
+    decision: Option<(Decision, Vec<usize>)>,
+    /// The upstream of the route's pool this attempt went to.
+    upstream: Option<usize>,
 }
 
 /// How a request was decided, before anything is written.
 enum Verdict {
     /// Proxy it, with headers when the state is known.
     Pass(Outcome, Option<Decision>),
-    /// Answer 429 with this decision's headers.
+    /// Answer with the route's deny response and this decision's headers.
     Reject(Outcome, Decision),
     /// Answer 503: the store failed and the route fails closed.
     Unavailable,
 }
 
 impl<L: Limiter> RateLimitProxy<L> {
-    async fn decide(&self, route: &RoutePlan, keys: &[String]) -> Verdict {
+    async fn decide(&self, route: &RoutePlan, draw: &Draw) -> Verdict {
+        if draw.is_empty() {
+            return Verdict::Pass(Outcome::Allowed, None);
+        }
         if let Some(cache) = &self.deny_cache {
-            if let Some(d) = cache.lookup(keys, &route.params, SystemClock.now_us()) {
+            if let Some(d) = cache.lookup(&draw.keys, &draw.params, SystemClock.now_us()) {
                 route.counters.deny_cache_hit();
                 return Verdict::Reject(Outcome::Rejected, d);
             }
         }
-        match self.limiter.check(&buckets(keys, &route.params)).await {
+        match self.limiter.check(&draw.buckets()).await {
             Ok(d) if d.allowed => Verdict::Pass(Outcome::Allowed, Some(d)),
             Ok(d) => {
                 if let Some(cache) = &self.deny_cache {
-                    cache.remember(keys, &route.params, &d, SystemClock.now_us());
+                    cache.remember(&draw.keys, &draw.params, &d, SystemClock.now_us());
                 }
                 Verdict::Reject(Outcome::Rejected, d)
             }
@@ -88,27 +95,25 @@ impl<L: Limiter> RateLimitProxy<L> {
                 match route.on_redis_error {
                     FailMode::Open => Verdict::Pass(Outcome::FailOpen, None),
                     FailMode::Closed => Verdict::Unavailable,
-                    FailMode::Local => {
-                        match self.fallback.decide(&buckets(keys, &route.local_params)) {
-                            Ok(d) if d.allowed => Verdict::Pass(Outcome::LocalFallback, Some(d)),
-                            Ok(d) => Verdict::Reject(Outcome::LocalRejected, d),
-                            Err(_) => Verdict::Pass(Outcome::FailOpen, None),
-                        }
-                    }
+                    FailMode::Local => match self.fallback.decide(&draw.local_buckets()) {
+                        Ok(d) if d.allowed => Verdict::Pass(Outcome::LocalFallback, Some(d)),
+                        Ok(d) => Verdict::Reject(Outcome::LocalRejected, d),
+                        Err(_) => Verdict::Pass(Outcome::FailOpen, None),
+                    },
                 }
             }
         }
     }
-}
 
-fn buckets<'a>(keys: &'a [String], params: &[BucketParams]) -> Vec<Bucket<'a>> {
-    keys.iter()
-        .zip(params)
-        .map(|(key, params)| Bucket {
-            key,
-            params: *params,
-        })
-        .collect()
+    /// Whether the shadow limits would have rejected the request (unknown counts as no).
+    async fn shadow_rejects(&self, draw: &Draw) -> bool {
+        !draw.is_empty()
+            && self
+                .limiter
+                .check(&draw.buckets())
+                .await
+                .is_ok_and(|d| !d.allowed)
+    }
 }
 
 #[async_trait]
@@ -128,21 +133,61 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         let plan = self.plan.load_full();
         let Some(index) = plan.table.find(host, req.method.as_str(), req.uri.path()) else {
             let body = "404 Not Found: no route matches this request\n";
-            respond(session, 404, Vec::new(), body).await?;
+            respond(session, 404, "text/plain; charset=utf-8", Vec::new(), body).await?;
             return Ok(true);
         };
         ctx.route = Some(index);
         let plan = &*ctx.plan.insert(plan);
         let route = &plan.routes[index];
-        if route.params.is_empty() {
+        if route.limits.is_empty() {
             return Ok(false);
         }
 
-        let keys = build_keys(session, route);
-        match self.decide(route, &keys).await {
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip());
+        let forwarded = req
+            .headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .map(|v| v.as_bytes());
+        let client = peer.map(|p| plan.client.client(p, forwarded));
+        if allowlisted(route, client, &req.headers) {
+            ctx.outcome = Some(Outcome::Bypassed);
+            return Ok(false);
+        }
+        let client_ip = client.map(|c| c.to_string()).unwrap_or_default();
+        let facts = RequestFacts {
+            client_ip: &client_ip,
+            method: req.method.as_str(),
+            uri: &req.uri,
+            headers: &req.headers,
+        };
+        let (enforced, shadow) = match draws(route, &facts) {
+            Draws::Buckets { enforced, shadow } => (enforced, shadow),
+            Draws::MissingKey(i) => {
+                ctx.outcome = Some(Outcome::Rejected);
+                let why = Refusal {
+                    status: route.deny.status,
+                    route: &route.name,
+                    violated: vec![route.headers.limit_name(i)],
+                    retry_after: None,
+                };
+                refuse(session, route, Vec::new(), &why).await?;
+                return Ok(true);
+            }
+        };
+
+        let (verdict, shadow_rejects) =
+            tokio::join!(self.decide(route, &enforced), self.shadow_rejects(&shadow));
+        match verdict {
             Verdict::Pass(outcome, decision) => {
-                ctx.outcome = Some(outcome);
-                ctx.decision = decision;
+                ctx.outcome = Some(match outcome {
+                    Outcome::Allowed if shadow_rejects => Outcome::ShadowRejected,
+                    other => other,
+                });
+                ctx.decision = decision.map(|d| (d, enforced.limits));
                 Ok(false)
             }
             Verdict::Reject(outcome, decision) => {
@@ -150,19 +195,29 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
                 let mut extra = Vec::with_capacity(6);
                 route
                     .headers
-                    .each(&decision, |name, value| extra.push((name, value)));
-                let limit = decision
-                    .binding()
-                    .map_or("", |i| route.headers.limit_name(i));
-                let retry = headers::retry_after_secs(&decision);
-                let body = headers::rejection_body(&route.name, limit, retry);
-                respond(session, 429, extra, body).await?;
+                    .each(&decision, &enforced.limits, |name, value| {
+                        extra.push((name, value))
+                    });
+                let violated = decision
+                    .limits
+                    .iter()
+                    .zip(&enforced.limits)
+                    .filter(|(l, _)| !l.ok)
+                    .map(|(_, &i)| route.headers.limit_name(i))
+                    .collect();
+                let why = Refusal {
+                    status: route.deny.status,
+                    route: &route.name,
+                    violated,
+                    retry_after: Some(headers::retry_after_secs(&decision)),
+                };
+                refuse(session, route, extra, &why).await?;
                 Ok(true)
             }
             Verdict::Unavailable => {
                 ctx.outcome = Some(Outcome::FailClosed);
                 let body = "503 Service Unavailable: rate-limit store unavailable\n";
-                respond(session, 503, Vec::new(), body).await?;
+                respond(session, 503, "text/plain; charset=utf-8", Vec::new(), body).await?;
                 Ok(true)
             }
         }
@@ -175,7 +230,112 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
     ) -> Result<Box<HttpPeer>> {
         let route = route_of(ctx)
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
-        Ok(Box::new(HttpPeer::new(route.peer, false, String::new())))
+        let (i, addr) = route.upstreams.pick();
+        let timeouts = route.timeouts;
+        ctx.upstream = Some(i);
+        let mut peer = HttpPeer::new(addr, false, String::new());
+        peer.options.connection_timeout = Some(timeouts.connect);
+        peer.options.read_timeout = Some(timeouts.read);
+        Ok(Box::new(peer))
+    }
+
+    /// Tells the upstream who asked, the way proxies do: the client address appended to
+    /// `X-Forwarded-For`, and the scheme and host the client used, unless a trusted proxy in front
+    /// already said so. `Host` itself goes through unchanged.
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip().to_canonical());
+        let trusted = match (peer, &ctx.plan) {
+            (Some(ip), Some(plan)) => plan.client.is_trusted(ip),
+            _ => false,
+        };
+        if let Some(ip) = peer {
+            let forwarded = match upstream_request.headers.get("x-forwarded-for") {
+                Some(prior) => format!("{}, {ip}", String::from_utf8_lossy(prior.as_bytes())),
+                None => ip.to_string(),
+            };
+            upstream_request.insert_header("x-forwarded-for", forwarded)?;
+        }
+        if !trusted || upstream_request.headers.get("x-forwarded-proto").is_none() {
+            upstream_request.insert_header("x-forwarded-proto", "http")?;
+        }
+        if !trusted || upstream_request.headers.get("x-forwarded-host").is_none() {
+            let host = upstream_request
+                .headers
+                .get(header::HOST)
+                .cloned()
+                .or_else(|| {
+                    upstream_request
+                        .uri
+                        .host()
+                        .and_then(|h| HeaderValue::from_str(h).ok())
+                });
+            match host {
+                Some(h) => upstream_request.insert_header("x-forwarded-host", h)?,
+                None => {
+                    upstream_request.remove_header("x-forwarded-host");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        if let (Some(route), Some(i)) = (route_of(ctx), ctx.upstream) {
+            route.upstreams.mark_down(i);
+            // Nothing reached the upstream: another one may take the request.
+            if route.upstreams.has_other_up(i) {
+                e.set_retry(true);
+            }
+        }
+        e
+    }
+
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        _ctx: &mut RequestCtx,
+    ) -> FailToProxy {
+        let code = match e.etype() {
+            ErrorType::HTTPStatus(code) => *code,
+            ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout
+                if e.esource() == &ErrorSource::Upstream =>
+            {
+                504
+            }
+            _ => match e.esource() {
+                ErrorSource::Upstream => 502,
+                ErrorSource::Downstream => match e.etype() {
+                    // The client is gone: nobody to answer.
+                    ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => 0,
+                    _ => 400,
+                },
+                ErrorSource::Internal | ErrorSource::Unset => 500,
+            },
+        };
+        if code > 0 {
+            if let Err(err) = session.respond_error(code).await {
+                log::debug!("could not send the {code} response: {err}");
+            }
+        }
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
     }
 
     async fn response_filter(
@@ -184,8 +344,8 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if let (Some(decision), Some(route)) = (&ctx.decision, route_of(ctx)) {
-            route.headers.each(decision, |name, value| {
+        if let (Some((decision, limits)), Some(route)) = (&ctx.decision, route_of(ctx)) {
+            route.headers.each(decision, limits, |name, value| {
                 // Only fails for an invalid header name, and ours are constants.
                 let _ = upstream_response.insert_header(name, value);
             });
@@ -193,9 +353,13 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         Ok(())
     }
 
-    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
-        if let (Some(route), Some(outcome)) = (route_of(ctx), ctx.outcome) {
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+        let Some(route) = route_of(ctx) else { return };
+        if let Some(outcome) = ctx.outcome {
             route.counters.count(outcome);
+        }
+        if let Some(resp) = session.response_written() {
+            route.counters.response(resp.status.as_u16());
         }
     }
 }
@@ -204,30 +368,31 @@ fn route_of(ctx: &RequestCtx) -> Option<&RoutePlan> {
     ctx.plan.as_ref()?.routes.get(ctx.route?)
 }
 
-/// The store key of every limit of `route` for this request.
-fn build_keys(session: &Session, route: &RoutePlan) -> Vec<String> {
-    let ip = session
-        .client_addr()
-        .and_then(|a| a.as_inet())
-        .map(|a| a.ip().to_canonical().to_string());
-    let headers = &session.req_header().headers;
-    route
-        .sources
-        .iter()
-        .enumerate()
-        .map(|(i, source)| {
-            let id = match source {
-                KeySource::ClientIp => ip
-                    .as_deref()
-                    .map_or(Identity::Missing, |ip| Identity::Value(ip.as_bytes())),
-                KeySource::Header(name) => headers
-                    .get(name.as_str())
-                    .map_or(Identity::Missing, |v| Identity::Value(v.as_bytes())),
-                KeySource::Route => Identity::Route,
-            };
-            route.keys.key(i, id)
+/// The route's allowlist: a client address in one of its blocks, or a header with its value.
+fn allowlisted(
+    route: &RoutePlan,
+    client: Option<std::net::IpAddr>,
+    headers: &http::HeaderMap,
+) -> bool {
+    let allow = &route.allow;
+    client.is_some_and(|ip| allow.cidrs.iter().any(|c| c.contains(ip)))
+        || allow.headers.iter().any(|(name, value)| {
+            headers
+                .get_all(name.as_str())
+                .iter()
+                .any(|v| v.as_bytes() == value.as_bytes())
         })
-        .collect()
+}
+
+/// Writes the route's deny response.
+async fn refuse(
+    session: &mut Session,
+    route: &RoutePlan,
+    extra: Vec<(HeaderName, HeaderValue)>,
+    why: &Refusal<'_>,
+) -> Result<()> {
+    let (content_type, body) = headers::refusal_body(&route.deny.format, why);
+    respond(session, why.status, &content_type, extra, body).await
 }
 
 /// Writes a complete response from `request_filter`, where Pingora has no upstream response to
@@ -235,12 +400,13 @@ fn build_keys(session: &Session, route: &RoutePlan) -> Vec<String> {
 async fn respond(
     session: &mut Session,
     status: u16,
-    extra: Vec<(http::HeaderName, http::HeaderValue)>,
+    content_type: &str,
+    extra: Vec<(HeaderName, HeaderValue)>,
     body: impl Into<Bytes>,
 ) -> Result<()> {
     let body = body.into();
     let mut resp = ResponseHeader::build(status, Some(4 + extra.len()))?;
-    resp.insert_header(header::CONTENT_TYPE, "text/plain; charset=utf-8")?;
+    resp.insert_header(header::CONTENT_TYPE, content_type)?;
     resp.insert_header(header::CONTENT_LENGTH, body.len())?;
     for (name, value) in extra {
         resp.insert_header(name, value)?;

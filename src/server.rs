@@ -6,6 +6,7 @@ use crate::admin::Admin;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ClockSource, Config};
 use crate::deny_cache::DenyCache;
+use crate::health::HealthChecker;
 use crate::limiter::memory::MemoryLimiter;
 use crate::limiter::redis::{RedisLimiter, Security};
 use crate::limiter::{Limiter, LimiterError};
@@ -140,7 +141,7 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
     }
     let mut admin = Service::new(
         "admin".to_string(),
-        Admin::new(parts.registry, limiter, parts.plan),
+        Admin::new(parts.registry, limiter, parts.plan.clone()),
     );
     admin.add_tcp(&config.admin.to_string());
     admin.threads = Some(1);
@@ -148,6 +149,7 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
         "config watcher",
         Watcher::new(parts.reloader, WATCH_INTERVAL),
     );
+    let health = background_service("health checks", HealthChecker::new(parts.plan.clone()));
 
     log::info!(
         "proxy listening on {:?}, admin on {} ({} routes)",
@@ -158,5 +160,6 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
     server.add_service(proxy);
     server.add_service(admin);
     server.add_service(watcher);
+    server.add_service(health);
     server.run_forever()
 }

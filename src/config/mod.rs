@@ -13,6 +13,7 @@ mod validate;
 pub use error::{ConfigError, Problem};
 pub use rate::{Rate, EXACT_LIMIT};
 
+pub use crate::client::{Cidr, ClientIdentity};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -30,6 +31,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// The in-memory store's bounds (used when `redis` is `None`).
     pub memory: MemorySettings,
+    /// How `client_ip` is found behind load balancers.
+    pub client: ClientIdentity,
     pub routes: Vec<Route>,
 }
 
@@ -98,8 +101,15 @@ pub struct Route {
     pub host: Option<String>,
     /// Upper-case method names; `None` matches every method.
     pub methods: Option<Vec<String>>,
-    pub upstream: Upstream,
+    /// One or more, taken in turn; a failing one is skipped for a while.
+    pub upstreams: Vec<Upstream>,
+    pub upstream_timeouts: UpstreamTimeouts,
+    pub health_check: Option<HealthCheck>,
     pub on_redis_error: FailMode,
+    /// Every limit of the route is evaluated and counted, never enforced.
+    pub shadow: bool,
+    pub allow: Allow,
+    pub deny: DenyResponse,
     pub limits: Vec<Limit>,
 }
 
@@ -111,24 +121,91 @@ pub struct Upstream {
     pub port: u16,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamTimeouts {
+    pub connect: Duration,
+    pub read: Duration,
+}
+
+/// An active check: `GET path` on every upstream of the route each `interval`; anything but a
+/// 2xx or 3xx marks it down until it answers again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    pub path: String,
+    pub interval: Duration,
+}
+
+/// Requests that skip the limits altogether, counted as `bypassed`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Allow {
+    pub cidrs: Vec<Cidr>,
+    /// Lower-case header name and the exact value it must carry.
+    pub headers: Vec<(String, String)>,
+}
+
+impl Allow {
+    pub fn is_empty(&self) -> bool {
+        self.cidrs.is_empty() && self.headers.is_empty()
+    }
+}
+
+/// What a rejected client gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DenyResponse {
+    pub status: u16,
+    pub format: DenyFormat,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DenyFormat {
+    /// A short plain-text reason naming the limit.
+    Text,
+    /// Exactly this body, with this content type.
+    Custom { body: String, content_type: String },
+    /// `application/problem+json` with the IETF `quota-exceeded` problem type and
+    /// `violated-policies`.
+    ProblemJson,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limit {
     pub name: String,
     pub capacity: u64,
     pub refill: Rate,
-    pub key: KeySource,
+    /// The parts of the client's identity, in order; `[Route]` alone is one bucket for all.
+    pub key: Vec<KeySource>,
+    pub on_missing_key: MissingKey,
+    /// Evaluated and counted, never enforced.
+    pub shadow: bool,
     pub cost: u64,
 }
 
 /// What identifies a client for one limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
-    /// The peer address of the connection.
+    /// The client address (see `ClientIdentity`).
     ClientIp,
-    /// A request header, by lower-case name. Absent or empty → the limit's shared "missing" bucket.
+    /// A request header, by lower-case name.
     Header(String),
+    /// A query-string parameter, by name.
+    Query(String),
+    /// The request path (without the query).
+    Path,
+    /// The request method.
+    Method,
     /// One bucket shared by every client of the route.
     Route,
+}
+
+/// What a limit does with a request whose key part is absent or empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissingKey {
+    /// Count it in the limit's one shared "missing" bucket.
+    Shared,
+    /// The limit does not apply to it.
+    Skip,
+    /// Refuse it with the route's deny response.
+    Deny,
 }
 
 impl Config {

@@ -12,6 +12,9 @@ pub(super) struct RawConfig {
     pub on_redis_error: Option<String>,
     pub shutdown_grace_seconds: Option<u64>,
     pub memory: Option<RawMemory>,
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+    pub client_ipv6_prefix: Option<u8>,
     /// Routes stay untyped here so that one bad route cannot hide the problems of the others:
     /// each is deserialized on its own.
     #[serde(default)]
@@ -59,8 +62,14 @@ pub(super) struct RawRoute {
     pub name: Option<String>,
     #[serde(rename = "match", default)]
     pub matcher: RawMatch,
-    pub upstream: Option<String>,
+    pub upstream: Option<OneOrMany>,
+    pub connect_timeout_ms: Option<u64>,
+    pub read_timeout_ms: Option<u64>,
+    pub health_check: Option<RawHealthCheck>,
     pub on_redis_error: Option<String>,
+    pub shadow: Option<bool>,
+    pub allow: Option<RawAllow>,
+    pub deny: Option<RawDeny>,
     #[serde(default)]
     pub limits: Vec<RawLimit>,
 }
@@ -75,10 +84,37 @@ pub(super) struct RawMatch {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub(super) struct RawHealthCheck {
+    pub path: Option<String>,
+    pub interval_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAllow {
+    #[serde(default)]
+    pub cidrs: Vec<String>,
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDeny {
+    pub status: Option<u16>,
+    pub body: Option<String>,
+    pub content_type: Option<String>,
+    pub format: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct RawLimit {
     pub name: Option<String>,
     pub capacity: Option<u64>,
     pub refill: Option<String>,
-    pub key: Option<String>,
+    pub key: Option<OneOrMany>,
+    pub on_missing_key: Option<String>,
+    pub shadow: Option<bool>,
     pub cost: Option<u64>,
 }

@@ -6,6 +6,7 @@ mod compose;
 mod config_errors;
 mod lua_script;
 mod operations;
+mod policies;
 mod proofs;
 mod redis_faults;
 mod redis_security;

@@ -2,7 +2,7 @@
 
 use super::{at, valid_name, Validator};
 use crate::config::locate::Seg;
-use crate::config::raw::RawLimit;
+use crate::config::raw::{OneOrMany, RawLimit};
 use crate::config::*;
 
 impl Validator<'_> {
@@ -50,22 +50,19 @@ impl Validator<'_> {
                 }
             },
         };
-        let key = match raw.key.as_deref() {
-            None | Some("client_ip") => Some(KeySource::ClientIp),
-            Some("route") => Some(KeySource::Route),
-            Some(other) => match other.strip_prefix("header:") {
-                Some(h) if !h.is_empty() && http::HeaderName::from_bytes(h.as_bytes()).is_ok() => {
-                    Some(KeySource::Header(h.to_ascii_lowercase()))
-                }
-                _ => {
-                    self.problem(
-                        r,
-                        at(base, &["key"]),
-                        format!("must be client_ip, route or header:<Name>, got {other:?}"),
-                    );
-                    None
-                }
-            },
+        let key = self.key(r, base, raw.key);
+        let on_missing_key = match raw.on_missing_key.as_deref() {
+            None | Some("shared") => MissingKey::Shared,
+            Some("skip") => MissingKey::Skip,
+            Some("deny") => MissingKey::Deny,
+            Some(other) => {
+                self.problem(
+                    r,
+                    at(base, &["on_missing_key"]),
+                    format!("must be \"shared\", \"skip\" or \"deny\", got {other:?}"),
+                );
+                MissingKey::Shared
+            }
         };
         let cost = raw.cost.unwrap_or(1);
         if let Some(cap) = capacity {
@@ -90,8 +87,63 @@ impl Validator<'_> {
             name,
             capacity: capacity.unwrap_or(1),
             refill: refill.expect("no problem means a rate"),
-            key: key.unwrap_or(KeySource::ClientIp),
+            key,
+            on_missing_key,
+            shadow: raw.shadow.unwrap_or(false),
             cost,
         })
+    }
+
+    /// One key part or a list of them (a composite key); `route` stands alone.
+    fn key(&mut self, r: Option<&str>, base: &[Seg], raw: Option<OneOrMany>) -> Vec<KeySource> {
+        let (parts, listed) = match raw {
+            None => return vec![KeySource::ClientIp],
+            Some(OneOrMany::One(one)) => (vec![one], false),
+            Some(OneOrMany::Many(many)) => (many, true),
+        };
+        let path = |i: usize| match listed {
+            true => [at(base, &["key"]), vec![Seg::Index(i)]].concat(),
+            false => at(base, &["key"]),
+        };
+        if parts.is_empty() {
+            self.problem(r, at(base, &["key"]), "must name at least one key part");
+        }
+        let key: Vec<KeySource> = parts
+            .iter()
+            .enumerate()
+            .filter_map(|(i, part)| {
+                let source = match part.as_str() {
+                    "client_ip" => Some(KeySource::ClientIp),
+                    "route" => Some(KeySource::Route),
+                    "path" => Some(KeySource::Path),
+                    "method" => Some(KeySource::Method),
+                    other => match other.split_once(':') {
+                        Some(("header", h)) if http::HeaderName::from_bytes(h.as_bytes()).is_ok() => {
+                            Some(KeySource::Header(h.to_ascii_lowercase()))
+                        }
+                        Some(("query", q)) if !q.is_empty() => Some(KeySource::Query(q.to_string())),
+                        _ => None,
+                    },
+                };
+                if source.is_none() {
+                    self.problem(
+                        r,
+                        path(i),
+                        format!(
+                            "must be client_ip, route, path, method, header:<Name> or query:<name>, got {part:?}"
+                        ),
+                    );
+                }
+                source
+            })
+            .collect();
+        if key.len() > 1 && key.contains(&KeySource::Route) {
+            self.problem(
+                r,
+                at(base, &["key"]),
+                "`route` is one bucket for every client: it cannot be combined",
+            );
+        }
+        key
     }
 }

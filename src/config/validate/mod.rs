@@ -151,6 +151,26 @@ impl Validator<'_> {
                 format!("must be between 1000 and 1000000000, got {max_keys}"),
             );
         }
+        let trusted_proxies = raw
+            .trusted_proxies
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| match c.parse::<Cidr>() {
+                Ok(c) => Some(c),
+                Err(msg) => {
+                    self.problem(None, vec![key("trusted_proxies"), Seg::Index(i)], msg);
+                    None
+                }
+            })
+            .collect();
+        let ipv6_prefix = raw.client_ipv6_prefix.unwrap_or(128);
+        if !(32..=128).contains(&ipv6_prefix) {
+            self.problem(
+                None,
+                vec![key("client_ipv6_prefix")],
+                format!("must be between 32 and 128, got {ipv6_prefix}"),
+            );
+        }
         let routes = self.routes(raw.routes, default_fail.unwrap_or(FailMode::Open));
         Some(Config {
             listen: listen?,
@@ -159,6 +179,10 @@ impl Validator<'_> {
             shutdown_grace: Duration::from_secs(grace),
             memory: MemorySettings {
                 max_keys: max_keys as usize,
+            },
+            client: ClientIdentity {
+                trusted_proxies,
+                ipv6_prefix,
             },
             routes,
         })

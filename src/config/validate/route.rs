@@ -2,7 +2,7 @@
 
 use super::{at, key, valid_name, Validator};
 use crate::config::locate::Seg;
-use crate::config::raw::RawRoute;
+use crate::config::raw::{OneOrMany, RawAllow, RawDeny, RawRoute};
 use crate::config::*;
 use std::collections::HashMap;
 
@@ -109,7 +109,49 @@ impl Validator<'_> {
                 })
                 .collect()
         });
-        let upstream = self.upstream(r, at(base, &["upstream"]), raw.upstream.as_deref());
+        let upstreams = self.upstreams(r, at(base, &["upstream"]), raw.upstream);
+        let timeout = |v: &mut Self, field: &str, raw: Option<u64>, default: u64| {
+            let ms = raw.unwrap_or(default);
+            if !(1..=3_600_000).contains(&ms) {
+                v.problem(
+                    r,
+                    at(base, &[field]),
+                    format!("must be between 1 and 3600000, got {ms}"),
+                );
+            }
+            Duration::from_millis(ms)
+        };
+        let upstream_timeouts = UpstreamTimeouts {
+            connect: timeout(self, "connect_timeout_ms", raw.connect_timeout_ms, 1_000),
+            read: timeout(self, "read_timeout_ms", raw.read_timeout_ms, 60_000),
+        };
+        let health_check = raw.health_check.map(|h| {
+            let path = h.path.unwrap_or_else(|| "/".to_string());
+            if !path.starts_with('/') {
+                self.problem(
+                    r,
+                    at(base, &["health_check", "path"]),
+                    format!("{path:?} must start with /"),
+                );
+            }
+            let interval = h.interval_ms.unwrap_or(2_000);
+            if !(100..=3_600_000).contains(&interval) {
+                self.problem(
+                    r,
+                    at(base, &["health_check", "interval_ms"]),
+                    format!("must be between 100 and 3600000, got {interval}"),
+                );
+            }
+            HealthCheck {
+                path,
+                interval: Duration::from_millis(interval),
+            }
+        });
+        let allow = raw
+            .allow
+            .map(|a| self.allow(r, base, a))
+            .unwrap_or_default();
+        let deny = self.deny(r, base, raw.deny);
         let on_redis_error = self
             .fail_mode(
                 r,
@@ -138,21 +180,46 @@ impl Validator<'_> {
             path_prefix,
             host,
             methods,
-            upstream: upstream.expect("no problem means an upstream"),
+            upstreams,
+            upstream_timeouts,
+            health_check,
             on_redis_error,
+            shadow: raw.shadow.unwrap_or(false),
+            allow,
+            deny,
             limits,
         })
     }
 
-    fn upstream(&mut self, r: Option<&str>, path: Vec<Seg>, raw: Option<&str>) -> Option<Upstream> {
-        let Some(text) = raw else {
-            self.problem(
-                r,
-                path,
-                "is required: host:port of the service behind this route",
-            );
-            return None;
+    /// One `host:port` or a list of them.
+    fn upstreams(
+        &mut self,
+        r: Option<&str>,
+        path: Vec<Seg>,
+        raw: Option<OneOrMany>,
+    ) -> Vec<Upstream> {
+        let list = match raw {
+            None => {
+                self.problem(
+                    r,
+                    path,
+                    "is required: host:port of the service behind this route, or a list",
+                );
+                return Vec::new();
+            }
+            Some(OneOrMany::One(one)) => return self.upstream(r, path, &one).into_iter().collect(),
+            Some(OneOrMany::Many(list)) => list,
         };
+        if list.is_empty() {
+            self.problem(r, path.clone(), "must name at least one host:port");
+        }
+        list.iter()
+            .enumerate()
+            .filter_map(|(i, u)| self.upstream(r, [path.clone(), vec![Seg::Index(i)]].concat(), u))
+            .collect()
+    }
+
+    fn upstream(&mut self, r: Option<&str>, path: Vec<Seg>, text: &str) -> Option<Upstream> {
         let parsed = text.rsplit_once(':').and_then(|(host, port)| {
             let host = host.trim_start_matches('[').trim_end_matches(']');
             let port = port.parse::<u16>().ok().filter(|p| *p > 0)?;
@@ -169,5 +236,93 @@ impl Validator<'_> {
             );
         }
         parsed
+    }
+
+    fn allow(&mut self, r: Option<&str>, base: &[Seg], raw: RawAllow) -> Allow {
+        let cidrs = raw
+            .cidrs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| match c.parse::<Cidr>() {
+                Ok(c) => Some(c),
+                Err(msg) => {
+                    self.problem(
+                        r,
+                        [at(base, &["allow", "cidrs"]), vec![Seg::Index(i)]].concat(),
+                        msg,
+                    );
+                    None
+                }
+            })
+            .collect();
+        let headers = raw
+            .headers
+            .into_iter()
+            .filter_map(|(name, value)| {
+                if http::HeaderName::from_bytes(name.as_bytes()).is_err() || value.is_empty() {
+                    self.problem(
+                        r,
+                        at(base, &["allow", "headers", &name]),
+                        format!("{name:?} must be a header name with a non-empty value"),
+                    );
+                    return None;
+                }
+                Some((name.to_ascii_lowercase(), value))
+            })
+            .collect();
+        Allow { cidrs, headers }
+    }
+
+    fn deny(&mut self, r: Option<&str>, base: &[Seg], raw: Option<RawDeny>) -> DenyResponse {
+        let Some(raw) = raw else {
+            return DenyResponse {
+                status: 429,
+                format: DenyFormat::Text,
+            };
+        };
+        let status = raw.status.unwrap_or(429);
+        if !(400..=599).contains(&status) {
+            self.problem(
+                r,
+                at(base, &["deny", "status"]),
+                format!("must be a 4xx or 5xx status, got {status}"),
+            );
+        }
+        let format = match (raw.format.as_deref(), raw.body) {
+            (None | Some("text"), None) => DenyFormat::Text,
+            (None | Some("text"), Some(body)) => DenyFormat::Custom {
+                body,
+                content_type: raw
+                    .content_type
+                    .unwrap_or_else(|| "text/plain; charset=utf-8".into()),
+            },
+            (Some("problem_json"), None) if raw.content_type.is_none() => DenyFormat::ProblemJson,
+            (Some("problem_json"), _) => {
+                self.problem(
+                    r,
+                    at(base, &["deny", "format"]),
+                    "problem_json writes its own body and content type: leave body and content_type out",
+                );
+                DenyFormat::ProblemJson
+            }
+            (Some(other), _) => {
+                self.problem(
+                    r,
+                    at(base, &["deny", "format"]),
+                    format!("must be \"text\" or \"problem_json\", got {other:?}"),
+                );
+                DenyFormat::Text
+            }
+        };
+        if let DenyFormat::Custom { content_type, .. } = &format {
+            if http::HeaderValue::from_str(content_type).is_err() {
+                self.problem(
+                    r,
+                    at(base, &["deny", "content_type"]),
+                    format!("{content_type:?} is not a header value"),
+                );
+            }
+        }
+        DenyResponse { status, format }
     }
 }

@@ -1,0 +1,128 @@
+//! Which buckets one request draws from: each limit's key parts read from the request, the
+//! limit's `on_missing_key` policy applied, and the limits split into the enforced ones and the
+//! shadow ones (evaluated and counted, never enforced).
+
+use crate::config::{KeySource, MissingKey};
+use crate::key::Identity;
+use crate::limiter::{Bucket, BucketParams};
+use crate::plan::RoutePlan;
+use http::{HeaderMap, Uri};
+
+/// What a request says about its client.
+pub struct RequestFacts<'a> {
+    pub client_ip: &'a str,
+    pub method: &'a str,
+    pub uri: &'a Uri,
+    pub headers: &'a HeaderMap,
+}
+
+impl RequestFacts<'_> {
+    fn part(&self, source: &KeySource) -> Identity<'_> {
+        fn value(v: Option<&[u8]>) -> Identity<'_> {
+            match v {
+                Some(v) if !v.is_empty() => Identity::Value(v),
+                _ => Identity::Missing,
+            }
+        }
+        match source {
+            KeySource::ClientIp => value(Some(self.client_ip.as_bytes())),
+            KeySource::Header(name) => value(self.headers.get(name.as_str()).map(|v| v.as_bytes())),
+            KeySource::Query(name) => value(query_param(self.uri.query(), name)),
+            KeySource::Path => value(Some(self.uri.path().as_bytes())),
+            KeySource::Method => value(Some(self.method.as_bytes())),
+            KeySource::Route => Identity::Route,
+        }
+    }
+}
+
+/// The raw (still percent-encoded) value of the first `name=` parameter.
+fn query_param<'q>(query: Option<&'q str>, name: &str) -> Option<&'q [u8]> {
+    query?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then_some(v.as_bytes())
+    })
+}
+
+/// The buckets of one kind (enforced or shadow) a request draws from.
+#[derive(Default)]
+pub struct Draw {
+    pub keys: Vec<String>,
+    pub params: Vec<BucketParams>,
+    /// `on_redis_error: local`'s share of each limit.
+    pub local: Vec<BucketParams>,
+    /// The route's index of each limit drawn.
+    pub limits: Vec<usize>,
+}
+
+impl Draw {
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    pub fn buckets(&self) -> Vec<Bucket<'_>> {
+        zip(&self.keys, &self.params)
+    }
+
+    pub fn local_buckets(&self) -> Vec<Bucket<'_>> {
+        zip(&self.keys, &self.local)
+    }
+}
+
+fn zip<'a>(keys: &'a [String], params: &[BucketParams]) -> Vec<Bucket<'a>> {
+    keys.iter()
+        .zip(params)
+        .map(|(key, params)| Bucket {
+            key,
+            params: *params,
+        })
+        .collect()
+}
+
+/// What a request draws: both kinds of buckets, or the limit whose missing key refuses it.
+pub enum Draws {
+    Buckets { enforced: Draw, shadow: Draw },
+    MissingKey(usize),
+}
+
+pub fn draws(route: &RoutePlan, facts: &RequestFacts<'_>) -> Draws {
+    let mut enforced = Draw::default();
+    let mut shadow = Draw::default();
+    let mut parts = Vec::with_capacity(2);
+    for (i, limit) in route.limits.iter().enumerate() {
+        parts.clear();
+        parts.extend(limit.key.iter().map(|s| facts.part(s)));
+        if parts.contains(&Identity::Missing) {
+            match limit.on_missing_key {
+                MissingKey::Shared => {}
+                MissingKey::Skip => continue,
+                MissingKey::Deny => return Draws::MissingKey(i),
+            }
+        }
+        let draw = if limit.shadow {
+            &mut shadow
+        } else {
+            &mut enforced
+        };
+        draw.keys.push(route.keys.key(i, &parts));
+        draw.params.push(limit.params);
+        draw.local.push(limit.local);
+        draw.limits.push(i);
+    }
+    Draws::Buckets { enforced, shadow }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_parameters_are_found_by_exact_name() {
+        assert_eq!(
+            query_param(Some("a=1&key=x%20y&b"), "key"),
+            Some(&b"x%20y"[..])
+        );
+        assert_eq!(query_param(Some("akey=1"), "key"), None);
+        assert_eq!(query_param(Some("b&key"), "key"), Some(&b""[..]));
+        assert_eq!(query_param(None, "key"), None);
+    }
+}

@@ -1,0 +1,93 @@
+//! The compiled route table in words, for `--check`: what will apply to which request, in the
+//! order routes are tried, so an operator can see it before a request does.
+
+use crate::config::{Config, DenyFormat, FailMode, KeySource, MissingKey, Route};
+use std::fmt::Write;
+
+pub fn route_table(config: &Config) -> String {
+    let mut out = String::from("routes, tried in this order (first match wins):\n");
+    for (n, r) in config.routes.iter().enumerate() {
+        let _ = writeln!(out, "{:>3}. {}", n + 1, describe(r));
+        if r.limits.is_empty() {
+            let _ = writeln!(out, "       no limits: proxied as is");
+        }
+        for l in &r.limits {
+            let key: Vec<String> = l.key.iter().map(key_name).collect();
+            let missing = match l.on_missing_key {
+                MissingKey::Shared => "shared bucket",
+                MissingKey::Skip => "limit skipped",
+                MissingKey::Deny => "refused",
+            };
+            let _ = writeln!(
+                out,
+                "       limit {}: {} tokens, refill {}, cost {}, per {}{}{}",
+                l.name,
+                l.capacity,
+                l.refill,
+                l.cost,
+                key.join(" + "),
+                if l.key == [KeySource::Route] {
+                    String::new()
+                } else {
+                    format!(" (key missing: {missing})")
+                },
+                if l.shadow || r.shadow {
+                    ", shadow (counted, never enforced)"
+                } else {
+                    ""
+                },
+            );
+        }
+        if !r.allow.is_empty() {
+            let cidrs = r.allow.cidrs.len();
+            let headers: Vec<&str> = r.allow.headers.iter().map(|(h, _)| h.as_str()).collect();
+            let _ = writeln!(
+                out,
+                "       bypass: {cidrs} address block(s), headers [{}]",
+                headers.join(", ")
+            );
+        }
+    }
+    out
+}
+
+fn describe(r: &Route) -> String {
+    let methods = r
+        .methods
+        .as_ref()
+        .map_or("any method".to_string(), |m| m.join(","));
+    let host = r.host.as_deref().unwrap_or("any host");
+    let upstreams: Vec<String> = r
+        .upstreams
+        .iter()
+        .map(|u| format!("{}:{}", u.host, u.port))
+        .collect();
+    let on_error = match r.on_redis_error {
+        FailMode::Open => "open",
+        FailMode::Closed => "closed",
+        FailMode::Local => "local",
+    };
+    let deny = match r.deny.format {
+        DenyFormat::Text => "text",
+        DenyFormat::Custom { .. } => "custom body",
+        DenyFormat::ProblemJson => "problem+json",
+    };
+    format!(
+        "{}: {methods} {host} {}* -> {} | on_redis_error {on_error} | deny {} {deny}",
+        r.name,
+        r.path_prefix,
+        upstreams.join(", "),
+        r.deny.status
+    )
+}
+
+fn key_name(k: &KeySource) -> String {
+    match k {
+        KeySource::ClientIp => "client_ip".into(),
+        KeySource::Header(h) => format!("header:{h}"),
+        KeySource::Query(q) => format!("query:{q}"),
+        KeySource::Path => "path".into(),
+        KeySource::Method => "method".into(),
+        KeySource::Route => "route (one bucket for all)".into(),
+    }
+}
