@@ -350,3 +350,46 @@ fn a_dead_upstream_in_a_pool_is_skipped_and_all_dead_is_a_quick_502() {
     assert_eq!(class("gone", "5xx"), 1.0);
     assert_eq!(class("slow", "5xx"), 1.0);
 }
+
+/// An upstream that answers 503 to everything, counting what it is asked.
+fn failing_upstream() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let count = asked.clone();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut buf = [0u8; 1024];
+            let _ = stream.read(&mut buf);
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = stream.write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        }
+    });
+    (addr, asked)
+}
+
+#[test]
+fn an_upstream_failing_its_health_check_gets_no_traffic() {
+    let (sick, asked) = failing_upstream();
+    let routes = format!(
+        "  - name: pool
+    upstream: [\"{sick}\", \"{{upstream}}\"]
+    health_check: {{ path: /healthz, interval_ms: 100 }}
+"
+    );
+    let s = setup("", &routes);
+    crate::support::wait_for(
+        "a health probe of the failing upstream",
+        std::time::Duration::from_secs(10),
+        || (asked.load(std::sync::atomic::Ordering::SeqCst) >= 1).then_some(()),
+    );
+    // Round robin alone would send every other request to the 503.
+    for _ in 0..10 {
+        let r = s.proxy.get("/", &[]);
+        assert_eq!((r.status, r.body.as_str()), (200, "hello from upstream\n"));
+    }
+}
