@@ -24,6 +24,21 @@
 -- By hand:  redis-cli --eval lua/token_bucket.lua rl:{demo}:l , "" 3 1000000 1 1
 --           (capacity 3, one token per second, cost 1)
 
+-- held × to / from, rounded down, exactly. held × to can pass 2^53, where doubles round; so the
+-- fraction is reduced by its gcd (a/b) and held split by b: held × a / b = q × a + r × a / b with
+-- r < b, every step an exact integer as long as a × b < 2^53, which rates of the form
+-- "<number>/<unit>" always give in practice (their scales share most factors of 2, 3 and 5).
+local function rescale(held, from, to)
+  local x, y = to, from
+  while y > 0 do
+    x, y = y, x % y
+  end
+  local a, b = to / x, from / x
+  local q = math.floor(held / b)
+  local r = held - q * b
+  return q * a + math.floor(r * a / b)
+end
+
 local now = tonumber(ARGV[1])
 if not now then
   local time = redis.call('TIME')
@@ -46,7 +61,7 @@ for i = 1, n do
   if held == nil or at == nil then
     held, at = cap[i], now
   elseif was ~= nil and was ~= scale[i] then
-    held = math.floor(held * scale[i] / was)
+    held = rescale(held, was, scale[i])
   end
   if held > cap[i] then
     held = cap[i]

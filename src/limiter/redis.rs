@@ -178,6 +178,9 @@ impl RedisLimiter {
     fn manager_config(&self) -> ConnectionManagerConfig {
         ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.timeout))
+            // redis-rs otherwise gives up on a response after 500 ms, whatever our budget is;
+            // the budget (enforced around the whole call) is the one limit.
+            .set_response_timeout(Some(self.timeout))
             // Few, quick reconnect attempts: a refused connection then fails the decision fast
             // instead of holding it for the whole budget, and the next decision starts a new
             // attempt, so a Redis that comes back is found at once.
@@ -331,8 +334,9 @@ impl Limiter for RedisLimiter {
         }
         let started = Instant::now();
         let result = match tokio::time::timeout(self.timeout, self.eval(buckets)).await {
+            // Ours or the client's own (set to the same budget): the budget ran out either way.
+            Err(_) | Ok(Err(LimiterError::Timeout(_))) => Err(LimiterError::Timeout(self.timeout)),
             Ok(result) => result,
-            Err(_) => Err(LimiterError::Timeout(self.timeout)),
         };
         match &result {
             Ok(_) => {
@@ -395,6 +399,7 @@ async fn query(conn: &mut impl ConnectionLike, cmd: &redis::Cmd) -> Result<(), L
 
 fn classify(e: RedisError) -> LimiterError {
     if e.is_timeout() {
+        // The client's own timeout is the budget; `check` puts the real figure in.
         LimiterError::Timeout(Duration::ZERO)
     } else if e.is_io_error()
         || e.is_connection_dropped()
