@@ -1,63 +1,10 @@
 //! `lua/token_bucket.lua` on its own, with the caller's clock so time is exact: refill arithmetic,
 //! expiry, reply types, all-or-nothing, and step-for-step agreement with the Rust mirror.
 
-use crate::support::redis::RedisServer;
+use crate::support::lua::{Script, T0};
 use ratelimit_proxy::limiter::bucket::{evaluate, State};
-use ratelimit_proxy::limiter::redis::TOKEN_BUCKET_LUA;
 use ratelimit_proxy::limiter::{BucketParams, Decision, LimitState};
 use redis::Value;
-
-const T0: u64 = 1_800_000_000_000_000;
-
-struct Script {
-    redis: RedisServer,
-    sha: String,
-}
-
-impl Script {
-    fn load() -> Script {
-        let redis = RedisServer::start();
-        let sha: String = redis.cmd(&["SCRIPT", "LOAD", TOKEN_BUCKET_LUA]);
-        Script { redis, sha }
-    }
-
-    fn raw(&self, keys: &[&str], now: Option<u64>, limits: &[BucketParams]) -> Value {
-        let mut c = self.redis.connection().unwrap();
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&self.sha).arg(keys.len()).arg(keys);
-        cmd.arg(now.map_or(String::new(), |n| n.to_string()));
-        for p in limits {
-            cmd.arg(p.capacity).arg(p.scale).arg(p.num).arg(p.cost);
-        }
-        cmd.query(&mut c).expect("EVALSHA")
-    }
-
-    fn eval(&self, keys: &[&str], now: u64, limits: &[BucketParams]) -> Decision {
-        let Value::Array(items) = self.raw(keys, Some(now), limits) else {
-            panic!("not an array")
-        };
-        let n: Vec<u64> = items
-            .iter()
-            .map(|v| match v {
-                Value::Int(i) => u64::try_from(*i).expect("non-negative"),
-                other => panic!("every reply element must be an integer, got {other:?}"),
-            })
-            .collect();
-        let limits = n[1..]
-            .chunks(4)
-            .map(|c| LimitState {
-                ok: c[0] == 1,
-                remaining: c[1],
-                reset_us: c[2],
-                wait_us: c[3],
-            })
-            .collect();
-        Decision {
-            allowed: n[0] == 1,
-            limits,
-        }
-    }
-}
 
 fn per_second(capacity: u64, tokens_per_s: u64) -> BucketParams {
     // tokens/1e6 µs reduced the way Rate does it.

@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod http;
+pub mod lua;
 pub mod proxy;
 pub mod redis;
 pub mod upstream;

@@ -1,0 +1,79 @@
+//! `lua/token_bucket.lua` loaded into a test's own redis-server and called by hand, with the
+//! caller's clock (time is exact) or Redis `TIME`, its reply read back into the Rust types so it
+//! can be compared with `bucket::evaluate` field for field.
+
+use super::redis::RedisServer;
+use ratelimit_proxy::limiter::redis::TOKEN_BUCKET_LUA;
+use ratelimit_proxy::limiter::{BucketParams, Decision, LimitState};
+use redis::Value;
+
+/// An instant in 2027, in µs: far from 0 and from 2^53 µs (year 2255), as real clocks are.
+pub const T0: u64 = 1_800_000_000_000_000;
+
+pub struct Script {
+    pub redis: RedisServer,
+    pub sha: String,
+}
+
+impl Script {
+    pub fn load() -> Script {
+        let redis = RedisServer::start();
+        let sha: String = redis.cmd(&["SCRIPT", "LOAD", TOKEN_BUCKET_LUA]);
+        Script { redis, sha }
+    }
+
+    /// The EVALSHA of one decision, for callers that pipeline it or wrap it in MULTI.
+    /// `now: None` asks the script to read Redis `TIME`.
+    pub fn invocation(
+        &self,
+        keys: &[&str],
+        now: Option<u64>,
+        limits: &[BucketParams],
+    ) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.sha).arg(keys.len()).arg(keys);
+        cmd.arg(now.map_or(String::new(), |n| n.to_string()));
+        for p in limits {
+            cmd.arg(p.capacity).arg(p.scale).arg(p.num).arg(p.cost);
+        }
+        cmd
+    }
+
+    pub fn raw(&self, keys: &[&str], now: Option<u64>, limits: &[BucketParams]) -> Value {
+        let mut c = self.redis.connection().unwrap();
+        self.invocation(keys, now, limits)
+            .query(&mut c)
+            .expect("EVALSHA")
+    }
+
+    pub fn eval(&self, keys: &[&str], now: u64, limits: &[BucketParams]) -> Decision {
+        decision(&self.raw(keys, Some(now), limits))
+    }
+}
+
+/// The script's reply as a `Decision`; panics unless every element is a non-negative integer.
+pub fn decision(reply: &Value) -> Decision {
+    let Value::Array(items) = reply else {
+        panic!("not an array: {reply:?}")
+    };
+    let n: Vec<u64> = items
+        .iter()
+        .map(|v| match v {
+            Value::Int(i) => u64::try_from(*i).expect("non-negative"),
+            other => panic!("every reply element must be an integer, got {other:?}"),
+        })
+        .collect();
+    let limits = n[1..]
+        .chunks(4)
+        .map(|c| LimitState {
+            ok: c[0] == 1,
+            remaining: c[1],
+            reset_us: c[2],
+            wait_us: c[3],
+        })
+        .collect();
+    Decision {
+        allowed: n[0] == 1,
+        limits,
+    }
+}
