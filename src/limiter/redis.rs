@@ -346,7 +346,7 @@ impl Limiter for RedisLimiter {
             Err(e) => {
                 self.metrics.redis_error(e.kind());
                 let transition = if e.is_transient() {
-                    self.breaker.failure(Instant::now())
+                    self.breaker.failure(started, Instant::now())
                 } else {
                     self.breaker.success()
                 };
