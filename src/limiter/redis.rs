@@ -209,20 +209,26 @@ impl RedisLimiter {
         invocation
     }
 
+    /// The standalone server's one multiplexed connection, made on first use.
+    async fn standalone(
+        &self,
+        client: &redis::Client,
+        conn: &OnceCell<ConnectionManager>,
+    ) -> Result<ConnectionManager, LimiterError> {
+        let manager = conn
+            .get_or_try_init(|| async {
+                ConnectionManager::new_lazy_with_config(client.clone(), self.manager_config())
+            })
+            .await
+            .map_err(classify)?;
+        Ok(manager.clone())
+    }
+
     async fn eval(&self, buckets: &[Bucket<'_>]) -> Result<Decision, LimiterError> {
         let invocation = self.invocation(buckets);
         let reply: Vec<i64> = match &self.topology {
             Topology::Standalone { client, conn } => {
-                let mut conn = conn
-                    .get_or_try_init(|| async {
-                        ConnectionManager::new_lazy_with_config(
-                            client.clone(),
-                            self.manager_config(),
-                        )
-                    })
-                    .await
-                    .map_err(classify)?
-                    .clone();
+                let mut conn = self.standalone(client, conn).await?;
                 match invocation.invoke_async(&mut conn).await {
                     Ok(reply) => reply,
                     // The manager replaces a dropped connection on this error; the retry waits
@@ -235,11 +241,7 @@ impl RedisLimiter {
                 }
             }
             Topology::Cluster { client, conn } => {
-                let mut conn = conn
-                    .get_or_try_init(|| client.get_async_connection())
-                    .await
-                    .map_err(classify)?
-                    .clone();
+                let mut conn = cluster(client, conn).await?;
                 invocation.invoke_async(&mut conn).await.map_err(classify)?
             }
             Topology::Sentinel { .. } => {
@@ -361,24 +363,11 @@ impl Limiter for RedisLimiter {
             let cmd = redis::cmd("PING");
             match &self.topology {
                 Topology::Standalone { client, conn } => {
-                    let mut conn = conn
-                        .get_or_try_init(|| async {
-                            ConnectionManager::new_lazy_with_config(
-                                client.clone(),
-                                self.manager_config(),
-                            )
-                        })
-                        .await
-                        .map_err(classify)?
-                        .clone();
+                    let mut conn = self.standalone(client, conn).await?;
                     query(&mut conn, &cmd).await
                 }
                 Topology::Cluster { client, conn } => {
-                    let mut conn = conn
-                        .get_or_try_init(|| client.get_async_connection())
-                        .await
-                        .map_err(classify)?
-                        .clone();
+                    let mut conn = cluster(client, conn).await?;
                     query(&mut conn, &cmd).await
                 }
                 Topology::Sentinel { .. } => {
@@ -391,6 +380,19 @@ impl Limiter for RedisLimiter {
             .await
             .unwrap_or(Err(LimiterError::Timeout(self.timeout)))
     }
+}
+
+/// The cluster's connection (one multiplexed connection per node, behind one handle), made on
+/// first use.
+async fn cluster(
+    client: &ClusterClient,
+    conn: &OnceCell<ClusterConnection>,
+) -> Result<ClusterConnection, LimiterError> {
+    let connection = conn
+        .get_or_try_init(|| client.get_async_connection())
+        .await
+        .map_err(classify)?;
+    Ok(connection.clone())
 }
 
 async fn query(conn: &mut impl ConnectionLike, cmd: &redis::Cmd) -> Result<(), LimiterError> {
