@@ -3,11 +3,17 @@
 //!
 //! # Layout
 //!
-//! A request travels `proxy` (Pingora phases) → `route` (which route) → `key` (which buckets) →
-//! `limiter` (one atomic decision: `limiter::redis` runs `lua/token_bucket.lua`, `limiter::memory`
-//! the same arithmetic in-process, from `limiter::bucket`) → `headers` (what the client sees) →
-//! `metrics` (what the operator sees). `config` validates the YAML into the types all of these use;
-//! `plan` compiles it for the request path; `server` and `admin` wire it into Pingora.
+//! A request travels `proxy` (Pingora phases) → `route` (which route) → `client` (who is asking,
+//! behind trusted proxies) → `draw` (which buckets, built by `key`; enforced and shadow) →
+//! `deny_cache` (a denial still standing?) → `limiter` (one atomic decision: `limiter::redis` runs
+//! `lua/token_bucket.lua` behind `limiter::breaker`, `limiter::memory` the same arithmetic
+//! in-process, from `limiter::bucket`) → `headers` (what the client sees) → `upstream` (which
+//! backend of the pool) → `metrics` (what the operator sees).
+//!
+//! `config` validates the YAML into the types all of these use, and `explain` prints them for
+//! `--check`; `plan` compiles them for the request path and `reload` swaps a new plan in;
+//! `server` wires everything into Pingora, with `admin` (metrics and health endpoints) and `health`
+//! (active upstream checks) beside the proxy.
 
 pub mod admin;
 pub mod client;
