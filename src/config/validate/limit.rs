@@ -1,6 +1,6 @@
 //! One limit: its bucket, its rate, and what identifies a client.
 
-use super::{at, valid_name, Validator};
+use super::{at, Validator};
 use crate::config::locate::Seg;
 use crate::config::raw::{OneOrMany, RawLimit};
 use crate::config::*;
@@ -8,16 +8,7 @@ use crate::config::*;
 impl Validator<'_> {
     pub(super) fn limit(&mut self, r: Option<&str>, base: &[Seg], raw: RawLimit) -> Option<Limit> {
         let before = self.problems.len();
-        let name = raw.name.unwrap_or_default();
-        if name.is_empty() {
-            self.problem(r, at(base, &["name"]), "is required");
-        } else if !valid_name(&name) {
-            self.problem(
-                r,
-                at(base, &["name"]),
-                format!("{name:?} may contain only A-Z, a-z, 0-9, _ and - (at most 64)"),
-            );
-        }
+        let name = self.name(r, base, raw.name);
         let capacity = match raw.capacity {
             None => {
                 self.problem(

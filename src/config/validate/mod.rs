@@ -232,6 +232,21 @@ impl Validator<'_> {
         (self.problems.len() == before).then_some(addrs)
     }
 
+    /// A route's or a limit's `name`: required, and of the safe alphabet.
+    pub(super) fn name(&mut self, r: Option<&str>, base: &[Seg], raw: Option<String>) -> String {
+        let name = raw.unwrap_or_default();
+        if name.is_empty() {
+            self.problem(r, at(base, &["name"]), "is required");
+        } else if !valid_name(&name) {
+            self.problem(
+                r,
+                at(base, &["name"]),
+                format!("{name:?} may contain only A-Z, a-z, 0-9, _ and - (at most 64)"),
+            );
+        }
+        name
+    }
+
     pub(super) fn fail_mode(
         &mut self,
         route: Option<&str>,

@@ -1,6 +1,6 @@
 //! One route: its name, match rules, upstream and failure policy; its limits are in `limit`.
 
-use super::{at, key, valid_name, Validator};
+use super::{at, key, Validator};
 use crate::config::locate::Seg;
 use crate::config::raw::{OneOrMany, RawAllow, RawDeny, RawRoute};
 use crate::config::*;
@@ -56,16 +56,7 @@ impl Validator<'_> {
     ) -> Option<Route> {
         let r = Some(label);
         let before = self.problems.len();
-        let name = raw.name.unwrap_or_default();
-        if name.is_empty() {
-            self.problem(r, at(base, &["name"]), "is required");
-        } else if !valid_name(&name) {
-            self.problem(
-                r,
-                at(base, &["name"]),
-                format!("{name:?} may contain only A-Z, a-z, 0-9, _ and - (at most 64)"),
-            );
-        }
+        let name = self.name(r, base, raw.name);
         let path_prefix = raw.matcher.path_prefix.unwrap_or_else(|| "/".to_string());
         if !path_prefix.starts_with('/') {
             self.problem(
