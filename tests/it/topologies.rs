@@ -61,6 +61,19 @@ fn load(addr: SocketAddr, path: &'static str, stop: Arc<AtomicBool>) -> JoinHand
     })
 }
 
+/// Waits for the new primary to decide again, stops the load, and checks every response it got.
+fn settle_after_failover(proxy: &Proxy, stop: &AtomicBool, traffic: JoinHandle<Vec<Response>>) {
+    let allowed_after = proxy.decisions("load", "allowed") + 20;
+    wait_for(
+        "decisions from the new primary",
+        Duration::from_secs(30),
+        || (proxy.decisions("load", "allowed") > allowed_after).then_some(()),
+    );
+    stop.store(true, Ordering::SeqCst);
+    let seen = traffic.join().unwrap();
+    assert_only_decisions_or_counted_fail_open(proxy, &seen);
+}
+
 /// Every response under load was a decision (headers) or a counted fail-open; never an error.
 fn assert_only_decisions_or_counted_fail_open(proxy: &Proxy, seen: &[Response]) {
     assert!(
@@ -101,22 +114,11 @@ fn a_cluster_enforces_limits_and_survives_a_primary_killed_under_load() {
         "a replica to take the slot over",
         Duration::from_secs(30),
         || {
-            let healthy = cluster.nodes.iter().filter(|n| n.is_alive()).all(|n| {
-                n.try_cmd::<String>(&["CLUSTER", "INFO"])
-                    .is_ok_and(|i| i.contains("cluster_state:ok"))
-            });
+            let healthy = cluster.is_healthy();
             (healthy && cluster.primary_of(slot) != victim).then_some(())
         },
     );
-    let allowed_after = proxy.decisions("load", "allowed") + 20;
-    wait_for(
-        "decisions from the new primary",
-        Duration::from_secs(30),
-        || (proxy.decisions("load", "allowed") > allowed_after).then_some(()),
-    );
-    stop.store(true, Ordering::SeqCst);
-    let seen = traffic.join().unwrap();
-    assert_only_decisions_or_counted_fail_open(&proxy, &seen);
+    settle_after_failover(&proxy, &stop, traffic);
 
     // The promoted replica never had the script loaded (scripts are not replicated): the proxy
     // loaded it on NOSCRIPT, then called it.
@@ -209,15 +211,7 @@ fn sentinel_failover_under_load_finds_the_new_primary() {
         || (topo.primary_port() == Some(topo.replica.port)).then_some(()),
     );
     assert_ne!(topo.primary_port(), Some(old));
-    let allowed_after = proxy.decisions("load", "allowed") + 20;
-    wait_for(
-        "decisions from the new primary",
-        Duration::from_secs(30),
-        || (proxy.decisions("load", "allowed") > allowed_after).then_some(()),
-    );
-    stop.store(true, Ordering::SeqCst);
-    let seen = traffic.join().unwrap();
-    assert_only_decisions_or_counted_fail_open(&proxy, &seen);
+    settle_after_failover(&proxy, &stop, traffic);
     assert!(
         topo.replica
             .commandstats()

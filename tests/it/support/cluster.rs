@@ -176,17 +176,16 @@ impl Cluster {
         wait_for(
             "cluster_state:ok on every node",
             Duration::from_secs(30),
-            || {
-                self.nodes
-                    .iter()
-                    .filter(|n| n.is_alive())
-                    .all(|n| {
-                        n.try_cmd::<String>(&["CLUSTER", "INFO"])
-                            .is_ok_and(|i| i.contains("cluster_state:ok"))
-                    })
-                    .then_some(())
-            },
+            || self.is_healthy().then_some(()),
         );
+    }
+
+    /// Every live node says `cluster_state:ok`.
+    pub fn is_healthy(&self) -> bool {
+        self.nodes.iter().filter(|n| n.is_alive()).all(|n| {
+            n.try_cmd::<String>(&["CLUSTER", "INFO"])
+                .is_ok_and(|i| i.contains("cluster_state:ok"))
+        })
     }
 
     /// The node that currently serves `slot` as a primary.
