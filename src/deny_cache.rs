@@ -3,7 +3,15 @@
 //! A token bucket that denies a request keeps denying that request until its retry instant,
 //! whatever other proxies do: they can only take tokens, never add them. So a denial can be
 //! remembered and repeated locally, with the same 429 and headers (`Retry-After` counting down),
-//! until that instant, and an exhausted client hammering the proxy costs Redis nothing.
+//! until that instant, and an exhausted client hammering the proxy costs Redis nothing. The same
+//! holds after an admission that left fewer tokens than the request costs: the next such request
+//! is denied until the next token, so that admission is remembered as the denial it implies.
+//!
+//! When a remembered denial runs out, every connection of the client waiting on it would miss at
+//! the same instant and ask Redis at once. Instead the first one asks, and the others wait for its
+//! answer (one round trip at most) and take it from the cache: one call per key at a time, however
+//! many connections hammer it. If Redis fails that one call, the waiting ones fail with it instead
+//! of spending their own budget on a store that just failed.
 //!
 //! An entry is only used for the same keys under the same limits: a reload that changes a limit
 //! invalidates its cached denials. The retry instant is counted from when the answer arrived, so it
@@ -14,6 +22,7 @@ use crate::limiter::{BucketParams, Decision};
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Mutex;
+use tokio::sync::watch;
 
 const SHARDS: usize = 16;
 
@@ -23,12 +32,44 @@ struct Denial {
     decision: Decision,
     decided_at: u64,
     until: u64,
+    /// Once expired: the request asking Redis again, which the others wait for.
+    refresh: Option<watch::Receiver<bool>>,
 }
 
 pub struct DenyCache {
     /// By the first key of the request; the rest are compared on a hit.
     shards: Vec<Mutex<HashMap<String, Denial>>>,
     shard_cap: usize,
+}
+
+/// What the cache says about a request.
+pub enum Consult {
+    /// Denied: answer this without asking the store.
+    Denied(Decision),
+    /// Ask the store. With a `Refresh`, this request asks for everyone waiting on an expired
+    /// denial: keep it until the answer is noted (or report the failure on it).
+    Ask(Option<Refresh>),
+    /// The request that asked for everyone found the store failing.
+    StoreFailed,
+}
+
+/// Held by the one request refreshing an expired denial; dropping it wakes the waiting ones.
+pub struct Refresh {
+    done: watch::Sender<bool>,
+}
+
+impl Refresh {
+    /// The store failed: the waiting requests fail too, without a call of their own.
+    pub fn failed(self) {
+        self.done.send_replace(true);
+    }
+}
+
+enum Lookup {
+    Denied(Decision),
+    Miss,
+    Lead(Refresh),
+    Wait(watch::Receiver<bool>),
 }
 
 impl DenyCache {
@@ -48,18 +89,59 @@ impl DenyCache {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The remembered denial of this request at `now` (µs), its waits counted down; `None` when
-    /// there is none, it has expired, or the limits changed since.
-    pub fn lookup(&self, keys: &[String], params: &[BucketParams], now: u64) -> Option<Decision> {
-        let first = keys.first()?;
-        let mut shard = self.shard(first);
-        let denial = shard.get(first)?;
-        if denial.keys != keys {
-            return None;
+    /// Whether this request (its bucket keys and limits) is denied at `now()` (µs), waiting first
+    /// for another request's answer when that one is refreshing the same expired denial.
+    pub async fn consult(
+        &self,
+        keys: &[String],
+        params: &[BucketParams],
+        now: impl Fn() -> u64,
+    ) -> Consult {
+        let mut done = match self.lookup(keys, params, now()) {
+            Lookup::Denied(d) => return Consult::Denied(d),
+            Lookup::Miss => return Consult::Ask(None),
+            Lookup::Lead(refresh) => return Consult::Ask(Some(refresh)),
+            Lookup::Wait(done) => done,
+        };
+        // Ends when the refreshing request reports a failure or drops its `Refresh` (answer
+        // noted, or the request cancelled): its own call is bounded by the store's budget.
+        let _ = done.changed().await;
+        if *done.borrow() {
+            return Consult::StoreFailed;
         }
-        if denial.params != params || now >= denial.until {
+        match self.lookup(keys, params, now()) {
+            Lookup::Denied(d) => Consult::Denied(d),
+            Lookup::Lead(refresh) => Consult::Ask(Some(refresh)),
+            // Not denied any more (or refreshed again already): ask, like any other request.
+            Lookup::Miss | Lookup::Wait(_) => Consult::Ask(None),
+        }
+    }
+
+    fn lookup(&self, keys: &[String], params: &[BucketParams], now: u64) -> Lookup {
+        let Some(first) = keys.first() else {
+            return Lookup::Miss;
+        };
+        let mut shard = self.shard(first);
+        let Some(denial) = shard.get_mut(first) else {
+            return Lookup::Miss;
+        };
+        if denial.keys != keys {
+            return Lookup::Miss;
+        }
+        if denial.params != params {
             shard.remove(first);
-            return None;
+            return Lookup::Miss;
+        }
+        if now >= denial.until {
+            if let Some(done) = &denial.refresh {
+                // Still being asked for (the sender lives until the answer is noted).
+                if done.has_changed().is_ok() {
+                    return Lookup::Wait(done.clone());
+                }
+            }
+            let (tx, rx) = watch::channel(false);
+            denial.refresh = Some(rx);
+            return Lookup::Lead(Refresh { done: tx });
         }
         let elapsed = now.saturating_sub(denial.decided_at);
         let mut decision = denial.decision.clone();
@@ -67,20 +149,21 @@ impl DenyCache {
             limit.reset_us = limit.reset_us.saturating_sub(elapsed);
             limit.wait_us = limit.wait_us.saturating_sub(elapsed);
         }
-        Some(decision)
+        Lookup::Denied(decision)
     }
 
-    /// Remembers a denial made at `now` until its retry instant.
-    pub fn remember(
-        &self,
-        keys: &[String],
-        params: &[BucketParams],
-        decision: &Decision,
-        now: u64,
-    ) {
+    /// Notes what the store decided at `now` for these keys: a denial is remembered until its
+    /// retry instant; an admission that left some bucket short of another request's cost is
+    /// remembered as the denial of the next one, until the next token; any other admission
+    /// forgets what was remembered.
+    pub fn note(&self, keys: &[String], params: &[BucketParams], decision: &Decision, now: u64) {
         let Some(first) = keys.first() else { return };
-        let until = now + decision.retry_after_us();
-        if decision.allowed || until <= now {
+        let Some(denial) = next_denied(params, decision) else {
+            self.shard(first).remove(first);
+            return;
+        };
+        let until = now + denial.retry_after_us();
+        if until <= now {
             return;
         }
         let mut shard = self.shard(first);
@@ -95,12 +178,28 @@ impl DenyCache {
             Denial {
                 keys: keys.to_vec(),
                 params: params.to_vec(),
-                decision: decision.clone(),
+                decision: denial,
                 decided_at: now,
                 until,
+                refresh: None,
             },
         );
     }
+}
+
+/// The denial the next request of the same shape gets, if `decision` implies one: `decision`
+/// itself when it is one; after an admission, the buckets left short of their cost are denied
+/// until their next whole token (a lower bound of their wait for the cost).
+fn next_denied(params: &[BucketParams], decision: &Decision) -> Option<Decision> {
+    if !decision.allowed {
+        return Some(decision.clone());
+    }
+    let mut next = decision.clone();
+    next.allowed = false;
+    for (limit, p) in next.limits.iter_mut().zip(params) {
+        limit.ok = limit.remaining >= p.cost;
+    }
+    next.limits.iter().any(|l| !l.ok).then_some(next)
 }
 
 #[cfg(test)]
@@ -127,31 +226,76 @@ mod tests {
         }
     }
 
+    fn allowed(remaining: u64, wait_us: u64) -> Decision {
+        Decision {
+            allowed: true,
+            limits: vec![LimitState {
+                ok: true,
+                remaining,
+                reset_us: 3_000_000,
+                wait_us,
+            }],
+        }
+    }
+
+    fn lookup(
+        cache: &DenyCache,
+        keys: &[String],
+        params: &[BucketParams],
+        now: u64,
+    ) -> Option<Decision> {
+        match cache.lookup(keys, params, now) {
+            Lookup::Denied(d) => Some(d),
+            _ => None,
+        }
+    }
+
     #[test]
     fn repeats_a_denial_counting_down_until_its_retry_instant() {
         let cache = DenyCache::new(100);
         let keys = vec!["rl:{a:1}:l".to_string()];
-        cache.remember(&keys, &[P], &denied(1_000_000), 10);
-        let d = cache.lookup(&keys, &[P], 400_010).expect("cached");
+        cache.note(&keys, &[P], &denied(1_000_000), 10);
+        let d = lookup(&cache, &keys, &[P], 400_010).expect("cached");
         assert_eq!(d.limits[0].wait_us, 600_000);
         assert_eq!(d.limits[0].reset_us, 2_600_000);
         assert!(
-            cache.lookup(&keys, &[P], 1_000_010).is_none(),
+            lookup(&cache, &keys, &[P], 1_000_010).is_none(),
             "expired at the retry instant"
         );
+    }
+
+    #[test]
+    fn an_admission_that_emptied_the_bucket_denies_the_next_request_until_the_next_token() {
+        let cache = DenyCache::new(100);
+        let keys = vec!["rl:{a:1}:l".to_string()];
+        cache.note(&keys, &[P], &allowed(0, 250_000), 0);
+        let d = lookup(&cache, &keys, &[P], 100_000).expect("cached");
+        assert!(!d.allowed && !d.limits[0].ok);
+        assert_eq!(d.limits[0].wait_us, 150_000);
+        assert!(lookup(&cache, &keys, &[P], 250_000).is_none());
+
+        // A token left for the next request: nothing to remember, and an old denial is forgotten.
+        cache.note(&keys, &[P], &denied(1_000_000), 0);
+        cache.note(&keys, &[P], &allowed(1, 250_000), 10);
+        assert!(lookup(&cache, &keys, &[P], 20).is_none());
+
+        // Cost 2 with one token left: denied too.
+        let two = BucketParams { cost: 2, ..P };
+        cache.note(&keys, &[two], &allowed(1, 250_000), 0);
+        assert!(lookup(&cache, &keys, &[two], 1).is_some());
     }
 
     #[test]
     fn a_changed_limit_or_other_keys_miss() {
         let cache = DenyCache::new(100);
         let keys = vec!["rl:{a}:x".to_string(), "rl:{a}:y:1".to_string()];
-        cache.remember(&keys, &[P, P], &denied(1_000_000), 0);
+        cache.note(&keys, &[P, P], &denied(1_000_000), 0);
         let other = vec!["rl:{a}:x".to_string(), "rl:{a}:y:2".to_string()];
-        assert!(cache.lookup(&other, &[P, P], 1).is_none());
+        assert!(lookup(&cache, &other, &[P, P], 1).is_none());
         let bigger = BucketParams { capacity: 10, ..P };
-        assert!(cache.lookup(&keys, &[bigger, P], 1).is_none());
+        assert!(lookup(&cache, &keys, &[bigger, P], 1).is_none());
         assert!(
-            cache.lookup(&keys, &[P, P], 1).is_none(),
+            lookup(&cache, &keys, &[P, P], 1).is_none(),
             "the stale entry was dropped"
         );
     }
@@ -160,9 +304,60 @@ mod tests {
     fn stays_bounded() {
         let cache = DenyCache::new(SHARDS * 2);
         for i in 0..1_000 {
-            cache.remember(&[format!("k{i}")], &[P], &denied(1_000_000), 0);
+            cache.note(&[format!("k{i}")], &[P], &denied(1_000_000), 0);
         }
         let total: usize = cache.shards.iter().map(|s| s.lock().unwrap().len()).sum();
         assert!(total <= SHARDS * 2, "{total}");
+    }
+
+    /// Two requests on an expired denial: the first asks, the second waits for its answer.
+    async fn expired(cache: &DenyCache, keys: &[String]) -> Refresh {
+        cache.note(keys, &[P], &denied(1_000), 0);
+        let Consult::Ask(Some(refresh)) = cache.consult(keys, &[P], || 5_000).await else {
+            panic!("the first request after expiry refreshes");
+        };
+        refresh
+    }
+
+    #[tokio::test]
+    async fn one_request_refreshes_an_expired_denial_and_the_others_take_its_answer() {
+        let cache = std::sync::Arc::new(DenyCache::new(100));
+        let keys = vec!["rl:{hot}:l".to_string()];
+        let refresh = expired(&cache, &keys).await;
+        let waiting = {
+            let (cache, keys) = (cache.clone(), keys.clone());
+            tokio::spawn(async move { cache.consult(&keys, &[P], || 5_000).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "waits for the refreshing request");
+        cache.note(&keys, &[P], &allowed(0, 100_000), 5_000);
+        drop(refresh);
+        match waiting.await.unwrap() {
+            Consult::Denied(d) => assert_eq!(d.limits[0].wait_us, 100_000),
+            _ => panic!("the waiting request is answered from the cache"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_refresh_fails_the_waiting_requests_and_a_dropped_one_passes_the_turn() {
+        let cache = std::sync::Arc::new(DenyCache::new(100));
+        let keys = vec!["rl:{hot}:l".to_string()];
+        let spawn_waiter = || {
+            let (cache, keys) = (cache.clone(), keys.clone());
+            tokio::spawn(async move { cache.consult(&keys, &[P], || 5_000).await })
+        };
+
+        let refresh = expired(&cache, &keys).await;
+        let waiting = spawn_waiter();
+        tokio::task::yield_now().await;
+        refresh.failed();
+        assert!(matches!(waiting.await.unwrap(), Consult::StoreFailed));
+
+        // Cancelled without an answer: the next request in line asks instead.
+        let refresh = expired(&cache, &keys).await;
+        let waiting = spawn_waiter();
+        tokio::task::yield_now().await;
+        drop(refresh);
+        assert!(matches!(waiting.await.unwrap(), Consult::Ask(Some(_))));
     }
 }

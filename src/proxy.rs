@@ -3,11 +3,11 @@
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::FailMode;
-use crate::deny_cache::DenyCache;
+use crate::deny_cache::{Consult, DenyCache};
 use crate::draw::{draws, Draw, Draws, RequestFacts};
 use crate::headers::{self, Refusal};
 use crate::limiter::memory::MemoryLimiter;
-use crate::limiter::{Decision, Limiter};
+use crate::limiter::{Decision, Limiter, LimiterError};
 use crate::metrics::Outcome;
 use crate::plan::{Plan, RoutePlan};
 use crate::reload::LivePlan;
@@ -74,20 +74,39 @@ impl<L: Limiter> RateLimitProxy<L> {
         if draw.is_empty() {
             return Verdict::Pass(Outcome::Allowed, None);
         }
-        if let Some(cache) = &self.deny_cache {
-            if let Some(d) = cache.lookup(&draw.keys, &draw.params, SystemClock.now_us()) {
+        let Some(cache) = &self.deny_cache else {
+            return self.verdict(route, draw, self.limiter.check(&draw.buckets()).await);
+        };
+        let now = || SystemClock.now_us();
+        let refresh = match cache.consult(&draw.keys, &draw.params, now).await {
+            Consult::Denied(d) => {
                 route.counters.deny_cache_hit();
                 return Verdict::Reject(Outcome::Rejected, d);
             }
-        }
-        match self.limiter.check(&draw.buckets()).await {
-            Ok(d) if d.allowed => Verdict::Pass(Outcome::Allowed, Some(d)),
-            Ok(d) => {
-                if let Some(cache) = &self.deny_cache {
-                    cache.remember(&draw.keys, &draw.params, &d, SystemClock.now_us());
-                }
-                Verdict::Reject(Outcome::Rejected, d)
+            Consult::StoreFailed => {
+                return self.verdict(route, draw, Err(LimiterError::Unavailable))
             }
+            Consult::Ask(refresh) => refresh,
+        };
+        let result = self.limiter.check(&draw.buckets()).await;
+        match (&result, refresh) {
+            (Ok(d), _) => cache.note(&draw.keys, &draw.params, d, now()),
+            (Err(_), Some(refresh)) => refresh.failed(),
+            (Err(_), None) => {}
+        }
+        self.verdict(route, draw, result)
+    }
+
+    /// What the store's answer (or failure) means for this route.
+    fn verdict(
+        &self,
+        route: &RoutePlan,
+        draw: &Draw,
+        result: Result<Decision, LimiterError>,
+    ) -> Verdict {
+        match result {
+            Ok(d) if d.allowed => Verdict::Pass(Outcome::Allowed, Some(d)),
+            Ok(d) => Verdict::Reject(Outcome::Rejected, d),
             Err(e) => {
                 // Per-request detail stays at debug: an outage would otherwise flood the log, and
                 // the error counter and the breaker's warning already say it is happening.

@@ -5,6 +5,7 @@
 use crate::scenarios::{Backend, Setup};
 use crate::support::redis::RedisServer;
 use crate::support::wait_for;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 fn redis_of(s: &mut Setup) -> &mut RedisServer {
@@ -75,11 +76,12 @@ fn the_breaker_stops_calling_a_paused_redis_and_closes_when_it_answers_again() {
 }
 
 #[test]
-fn an_exhausted_client_costs_one_evalsha_until_its_retry_instant() {
+fn an_exhausted_client_costs_no_evalsha_until_its_retry_instant() {
     let limit = "{ name: burst, capacity: 2, refill: \"1/m\" }";
     let routes = format!("  - name: api\n    upstream: \"{{upstream}}\"\n    limits: [{limit}]\n");
     let mut s = Setup::start(Backend::Redis(RedisServer::start()), &routes);
     assert_eq!(s.proxy.get("/", &[]).status, 200);
+    // The admission that takes the last token already says the next request is denied.
     assert_eq!(s.proxy.get("/", &[]).status, 200);
     let _: () = redis_of(&mut s).cmd(&["CONFIG", "RESETSTAT"]);
 
@@ -101,13 +103,13 @@ fn an_exhausted_client_costs_one_evalsha_until_its_retry_instant() {
     let stats = redis_of(&mut s).commandstats();
     assert_eq!(
         stats.get("evalsha"),
-        Some(&1),
-        "one call for the first denial, none after: {stats:?}"
+        None,
+        "no call for any denial: {stats:?}"
     );
     assert_eq!(
         s.proxy
             .metric("ratelimit_deny_cache_hits_total{route=\"api\"}"),
-        19.0
+        20.0
     );
     assert_eq!(s.proxy.decisions("api", "rejected"), 20);
     assert_eq!(s.upstream.hits(), 2);
@@ -130,7 +132,49 @@ fn an_exhausted_client_costs_one_evalsha_until_its_retry_instant() {
     });
     let r = s.proxy.get("/", &[]);
     assert_eq!(r.status, 200, "{r:?}");
-    assert_eq!(redis_of(&mut s).commandstats().get("evalsha"), Some(&2));
+    assert_eq!(redis_of(&mut s).commandstats().get("evalsha"), Some(&1));
+}
+
+/// When a remembered denial runs out, the connections waiting on it must not all ask Redis at
+/// once: one asks, the others take its answer.
+#[test]
+fn a_hot_key_costs_one_evalsha_per_token_however_many_connections_hammer_it() {
+    let limit = "{ name: hot, capacity: 1, refill: \"20/s\" }";
+    let routes = format!("  - name: api\n    upstream: \"{{upstream}}\"\n    limits: [{limit}]\n");
+    let mut s = Setup::start(Backend::Redis(RedisServer::start()), &routes);
+    assert_eq!(s.proxy.get("/", &[]).status, 200);
+    let _: () = redis_of(&mut s).cmd(&["CONFIG", "RESETSTAT"]);
+
+    // 16 connections at a time until a few tokens have come and gone (one every 50 ms).
+    let (admitted, denied, sent) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    std::thread::scope(|scope| {
+        for _ in 0..16 {
+            scope.spawn(|| {
+                while admitted.load(Relaxed) < 5 && sent.fetch_add(1, Relaxed) < 20_000 {
+                    match s.proxy.get("/", &[]).status {
+                        200 => admitted.fetch_add(1, Relaxed),
+                        429 => denied.fetch_add(1, Relaxed),
+                        other => panic!("status {other}"),
+                    };
+                }
+            });
+        }
+    });
+    let (admitted, denied) = (admitted.into_inner(), denied.into_inner());
+    assert!(
+        admitted >= 5,
+        "ran over several tokens: {admitted} admitted"
+    );
+    let calls = redis_of(&mut s)
+        .commandstats()
+        .get("evalsha")
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        calls <= admitted + 1,
+        "{calls} EVALSHA for {admitted} admitted and {denied} denied requests"
+    );
+    assert!(denied > 10 * calls, "{denied} denied, {calls} calls");
 }
 
 #[test]
