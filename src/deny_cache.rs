@@ -22,6 +22,7 @@ use crate::limiter::{BucketParams, Decision};
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Mutex;
+use std::time::Duration;
 use tokio::sync::watch;
 
 const SHARDS: usize = 16;
@@ -40,6 +41,8 @@ pub struct DenyCache {
     /// By the first key of the request; the rest are compared on a hit.
     shards: Vec<Mutex<HashMap<String, Denial>>>,
     shard_cap: usize,
+    /// The longest a request waits for another one's answer: the store's budget.
+    wait_budget: Duration,
 }
 
 /// What the cache says about a request.
@@ -49,7 +52,8 @@ pub enum Consult {
     /// Ask the store. With a `Refresh`, this request asks for everyone waiting on an expired
     /// denial: keep it until the answer is noted (or report the failure on it).
     Ask(Option<Refresh>),
-    /// The request that asked for everyone found the store failing.
+    /// The request that asked for everyone found the store failing, or did not hear back within
+    /// the store's budget.
     StoreFailed,
 }
 
@@ -73,10 +77,11 @@ enum Lookup {
 }
 
 impl DenyCache {
-    pub fn new(max_entries: usize) -> DenyCache {
+    pub fn new(max_entries: usize, wait_budget: Duration) -> DenyCache {
         DenyCache {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             shard_cap: (max_entries / SHARDS).max(1),
+            wait_budget,
         }
     }
 
@@ -97,23 +102,25 @@ impl DenyCache {
         params: &[BucketParams],
         now: impl Fn() -> u64,
     ) -> Consult {
-        let mut done = match self.lookup(keys, params, now()) {
-            Lookup::Denied(d) => return Consult::Denied(d),
-            Lookup::Miss => return Consult::Ask(None),
-            Lookup::Lead(refresh) => return Consult::Ask(Some(refresh)),
-            Lookup::Wait(done) => done,
-        };
-        // Ends when the refreshing request reports a failure or drops its `Refresh` (answer
-        // noted, or the request cancelled): its own call is bounded by the store's budget.
-        let _ = done.changed().await;
-        if *done.borrow() {
-            return Consult::StoreFailed;
-        }
-        match self.lookup(keys, params, now()) {
-            Lookup::Denied(d) => Consult::Denied(d),
-            Lookup::Lead(refresh) => Consult::Ask(Some(refresh)),
-            // Not denied any more (or refreshed again already): ask, like any other request.
-            Lookup::Miss | Lookup::Wait(_) => Consult::Ask(None),
+        // The refreshing request's own call ends within the budget; a wait that outlasts it
+        // means the store is failing.
+        let deadline = tokio::time::Instant::now() + self.wait_budget;
+        loop {
+            let mut done = match self.lookup(keys, params, now()) {
+                Lookup::Denied(d) => return Consult::Denied(d),
+                Lookup::Miss => return Consult::Ask(None),
+                Lookup::Lead(refresh) => return Consult::Ask(Some(refresh)),
+                Lookup::Wait(done) => done,
+            };
+            // Ends when the refreshing request reports a failure or drops its `Refresh` (answer
+            // noted, or the request cancelled). The answer it noted may itself have run out by
+            // the time this one looks again, when the next token was due within microseconds:
+            // then this one waits for the next refresh rather than asking Redis with everyone.
+            match tokio::time::timeout_at(deadline, done.changed()).await {
+                Err(_) => return Consult::StoreFailed,
+                Ok(_) if *done.borrow() => return Consult::StoreFailed,
+                Ok(_) => {}
+            }
         }
     }
 
@@ -207,6 +214,8 @@ mod tests {
     use super::*;
     use crate::limiter::LimitState;
 
+    const BUDGET: Duration = Duration::from_millis(50);
+
     const P: BucketParams = BucketParams {
         capacity: 3,
         scale: 1_000_000,
@@ -252,7 +261,7 @@ mod tests {
 
     #[test]
     fn repeats_a_denial_counting_down_until_its_retry_instant() {
-        let cache = DenyCache::new(100);
+        let cache = DenyCache::new(100, BUDGET);
         let keys = vec!["rl:{a:1}:l".to_string()];
         cache.note(&keys, &[P], &denied(1_000_000), 10);
         let d = lookup(&cache, &keys, &[P], 400_010).expect("cached");
@@ -266,7 +275,7 @@ mod tests {
 
     #[test]
     fn an_admission_that_emptied_the_bucket_denies_the_next_request_until_the_next_token() {
-        let cache = DenyCache::new(100);
+        let cache = DenyCache::new(100, BUDGET);
         let keys = vec!["rl:{a:1}:l".to_string()];
         cache.note(&keys, &[P], &allowed(0, 250_000), 0);
         let d = lookup(&cache, &keys, &[P], 100_000).expect("cached");
@@ -287,7 +296,7 @@ mod tests {
 
     #[test]
     fn a_changed_limit_or_other_keys_miss() {
-        let cache = DenyCache::new(100);
+        let cache = DenyCache::new(100, BUDGET);
         let keys = vec!["rl:{a}:x".to_string(), "rl:{a}:y:1".to_string()];
         cache.note(&keys, &[P, P], &denied(1_000_000), 0);
         let other = vec!["rl:{a}:x".to_string(), "rl:{a}:y:2".to_string()];
@@ -302,7 +311,7 @@ mod tests {
 
     #[test]
     fn stays_bounded() {
-        let cache = DenyCache::new(SHARDS * 2);
+        let cache = DenyCache::new(SHARDS * 2, BUDGET);
         for i in 0..1_000 {
             cache.note(&[format!("k{i}")], &[P], &denied(1_000_000), 0);
         }
@@ -321,7 +330,7 @@ mod tests {
 
     #[tokio::test]
     async fn one_request_refreshes_an_expired_denial_and_the_others_take_its_answer() {
-        let cache = std::sync::Arc::new(DenyCache::new(100));
+        let cache = std::sync::Arc::new(DenyCache::new(100, BUDGET));
         let keys = vec!["rl:{hot}:l".to_string()];
         let refresh = expired(&cache, &keys).await;
         let waiting = {
@@ -340,7 +349,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_refresh_fails_the_waiting_requests_and_a_dropped_one_passes_the_turn() {
-        let cache = std::sync::Arc::new(DenyCache::new(100));
+        let cache = std::sync::Arc::new(DenyCache::new(100, BUDGET));
         let keys = vec!["rl:{hot}:l".to_string()];
         let spawn_waiter = || {
             let (cache, keys) = (cache.clone(), keys.clone());
@@ -359,5 +368,46 @@ mod tests {
         tokio::task::yield_now().await;
         drop(refresh);
         assert!(matches!(waiting.await.unwrap(), Consult::Ask(Some(_))));
+    }
+
+    #[tokio::test]
+    async fn a_refreshed_answer_that_already_ran_out_hands_the_turn_to_one_waiter() {
+        let cache = std::sync::Arc::new(DenyCache::new(100, BUDGET));
+        let keys = vec!["rl:{hot}:l".to_string()];
+        let refresh = expired(&cache, &keys).await;
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let (cache, keys) = (cache.clone(), keys.clone());
+                tokio::spawn(async move { cache.consult(&keys, &[P], || 5_000).await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        // Admitted with the next token due at once: the noted denial has run out already.
+        cache.note(&keys, &[P], &allowed(0, 1), 4_000);
+        drop(refresh);
+        let mut leaders = 0;
+        for w in waiters {
+            if let Consult::Ask(Some(r)) = w.await.unwrap() {
+                leaders += 1;
+                r.failed();
+            }
+        }
+        assert_eq!(
+            leaders, 1,
+            "one asks, the others take its answer (here: a failure)"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_wait_never_outlasts_the_store_budget() {
+        let cache = DenyCache::new(100, BUDGET);
+        let keys = vec!["rl:{hot}:l".to_string()];
+        let _stuck = expired(&cache, &keys).await;
+        let started = std::time::Instant::now();
+        assert!(matches!(
+            cache.consult(&keys, &[P], || 5_000).await,
+            Consult::StoreFailed
+        ));
+        assert!(started.elapsed() < BUDGET * 4, "{:?}", started.elapsed());
     }
 }

@@ -128,8 +128,8 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
 
     let deny_cache = config
         .redis
-        .is_some()
-        .then(|| DenyCache::new(DENY_CACHE_ENTRIES));
+        .as_ref()
+        .map(|redis| DenyCache::new(DENY_CACHE_ENTRIES, redis.timeout));
     let fallback = MemoryLimiter::new(SystemClock, config.memory.max_keys);
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
