@@ -64,6 +64,7 @@ impl Security {
     }
 
     fn apply(&self, info: redis::ConnectionInfo) -> redis::ConnectionInfo {
+        let info = info.set_tcp_settings(tcp_settings());
         match &self.password {
             Some(p) => {
                 let settings = info.redis_settings().clone().set_password(p);
@@ -80,6 +81,14 @@ impl Security {
             None => redis::Client::open(info),
         }
     }
+}
+
+/// Nagle's algorithm off (redis-rs leaves it on): decisions are small writes pipelined on one
+/// connection, and with Nagle each one waits for the previous one's ACK. In bench/compare.sh's
+/// fixed-rate runs (half of peak) the check added 578 µs at p50 and 6.5 ms at p99 with Nagle,
+/// 276 µs and 2.0 ms without.
+fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    redis::io::tcp::TcpSettings::default().set_nodelay(true)
 }
 
 pub struct RedisLimiter {
@@ -130,6 +139,7 @@ impl RedisLimiter {
                     .map(|n| Ok(security.apply(info(n)?)))
                     .collect::<Result<Vec<_>, LimiterError>>()?;
                 let mut builder = ClusterClient::builder(nodes)
+                    .tcp_settings(tcp_settings())
                     .connection_timeout(timeout)
                     .response_timeout(timeout);
                 if let Some(certs) = security.certificates() {
