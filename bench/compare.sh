@@ -9,7 +9,8 @@
 # (default 2: see "Order" below), DURATION seconds per wrk window (5), REV (commit to build, default
 # HEAD, from a `git archive` snapshot so that uncommitted edits in the shared checkout neither break
 # the build nor slip into the numbers; REV=worktree builds the checkout as it is), KEEP_TMP=1 (keep
-# the temp dir: configs, logs, raw wrk output), OUT (default bench/results/compare.md). The Markdown
+# the temp dir: configs, logs, raw wrk output), ONLY (an extended regex: run only the contenders
+# whose names match, e.g. ONLY='proxy_pass|proxy, no' while iterating), OUT (default bench/results/compare.md). The Markdown
 # report is printed too.
 #
 # Needs git, cargo, redis-server, redis-cli, wrk, curl, ss, and nginx with the Lua module (Debian:
@@ -40,7 +41,7 @@
 set -euo pipefail
 
 overrides=""
-for v in REV CONNECTIONS ROUNDS DURATION OUT; do [[ -n ${!v:-} ]] && overrides+="$v=$(printf %q "${!v}") "; done
+for v in REV CONNECTIONS ROUNDS DURATION ONLY OUT; do [[ -n ${!v:-} ]] && overrides+="$v=$(printf %q "${!v}") "; done
 
 CONNECTIONS=${CONNECTIONS:-64}
 ROUNDS=${ROUNDS:-2}
@@ -58,9 +59,15 @@ target_dir=${CARGO_TARGET_DIR:-$repo/target}
 die() { echo "compare: $*" >&2; exit 1; }
 log() { echo "[$(date +%T)] $*" >&2; }
 
-for tool in git tar cargo redis-server redis-cli wrk curl ss nginx; do
-    command -v "$tool" >/dev/null || die "needs $tool on PATH (Debian: apt-get install -y nginx-light libnginx-mod-http-lua wrk redis-server)"
+for tool in git tar cargo redis-server redis-cli wrk curl ss nginx python3 gnuplot; do
+    command -v "$tool" >/dev/null || die "needs $tool on PATH (Debian: apt-get install -y nginx-light libnginx-mod-http-lua wrk redis-server gnuplot-nox)"
 done
+# oha: the fixed-rate load (wrk is closed-loop only); from crates.io, once.
+if ! command -v oha >/dev/null; then
+    log "installing oha (fixed-rate load generator) with cargo install, once ..."
+    cargo install --locked oha >"${TMPDIR:-/tmp}/oha-install.log" 2>&1 || die "cargo install oha failed: see ${TMPDIR:-/tmp}/oha-install.log"
+    export PATH=$HOME/.cargo/bin:$PATH
+fi
 nginx_modules=/usr/share/nginx/modules
 [[ -f $nginx_modules/ngx_http_lua_module.so ]] || die "needs the nginx Lua module (apt-get install -y libnginx-mod-http-lua)"
 
@@ -84,6 +91,7 @@ start() {
     local name=$1; shift
     "$@" >"$work/$name.log" 2>&1 </dev/null &
     pids+=("$!")
+    echo "$!" >"$work/$name.pid"
 }
 
 # A free port not handed out before, in $REPLY (not echoed: a subshell would lose the record).
@@ -142,6 +150,32 @@ start redis redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appen
 wait_until 10 "redis on $REDIS_PORT" redis-cli -p "$REDIS_PORT" PING
 # The same script the proxy loads; its SHA is what nginx+Lua calls.
 SHA=$(redis-cli -p "$REDIS_PORT" SCRIPT LOAD "$(cat lua/token_bucket.lua)")
+
+# A second Redis, SIGSTOPped once everything is warm: the "Redis paused" scenario.
+free_port; PAUSED_PORT=$REPLY
+start redis-paused redis-server --port "$PAUSED_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$work" --logfile "$work/redis-paused.server.log"
+wait_until 10 "redis on $PAUSED_PORT" redis-cli -p "$PAUSED_PORT" PING
+redis-cli -p "$PAUSED_PORT" SCRIPT LOAD "$(cat lua/token_bucket.lua)" >/dev/null
+redis_mem_before=$(redis-cli -p "$REDIS_PORT" INFO memory | tr -d '\r' | awk -F: '$1 == "used_memory" { print $2 }')
+
+# CPU seconds Redis has used (INFO cpu: user + sys, microsecond resolution).
+redis_cpu() {
+    redis-cli -p "$REDIS_PORT" INFO cpu | tr -d '\r' | awk -F: '$1 == "used_cpu_user" || $1 == "used_cpu_sys" { t += $2 } END { printf "%.6f\n", t }'
+}
+
+# CPU clock ticks used by every thread of the given processes (utime + stime).
+proc_ticks() {
+    local p t=0 f
+    for p in "$@"; do
+        for f in /proc/"$p"/task/*/stat; do
+            [[ -r $f ]] || continue
+            t=$((t + $(sed 's/.*) //' "$f" | awk '{ print $12 + $13 }')))
+        done
+    done
+    echo "$t"
+}
+TICK=$(getconf CLK_TCK)
 
 # Calls of every command but INFO itself, summed over INFO commandstats; and EVALSHA + EVAL.
 redis_calls() {
@@ -231,6 +265,14 @@ start_nginx contender "$workers" "
             }
             proxy_pass http://up;
         }
+        location /luapaused/ {
+            access_by_lua_block {
+                if not require('redis_bucket').allowed('rl:{ngx:' .. (ngx.var.http_x_api_key or '') .. '}:per_key', 1000000000, 1, 1, 1, $PAUSED_PORT) then
+                    return ngx.exit(429)
+                end
+            }
+            proxy_pass http://up;
+        }
         location /luahot/ {
             access_by_lua_block {
                 if not require('redis_bucket').allowed('rl:{ngxhot:' .. (ngx.var.http_x_api_key or '') .. '}:hot', 100, 10000, 1, 1) then
@@ -281,24 +323,58 @@ on_redis_error: open" "  - name: free
     upstream: \"$UPSTREAM\"
 $keyed_limit"
 PROXY=$REPLY PROXY_ADMIN=$ADMIN
-start_proxy proxy-memory "" "  - name: keyed
+# /seq/: a bucket per path that stays in memory (a full bucket is forgotten, and 1 token an hour
+# keeps these from refilling), for the resident-memory figure at RSS_KEYS clients.
+start_proxy proxy-memory "" "  - name: seq
+    match: { path_prefix: /seq/ }
+    upstream: \"$UPSTREAM\"
+    limits:
+      - name: per_path
+        capacity: 100
+        refill: \"1/h\"
+        key: path
+  - name: keyed
     upstream: \"$UPSTREAM\"
 $keyed_limit"
 PROXY_MEM=$REPLY
+start_proxy proxy-paused "redis:
+  url: \"redis://127.0.0.1:$PAUSED_PORT/0\"
+  timeout_ms: 25
+on_redis_error: open" "  - name: keyed
+    upstream: \"$UPSTREAM\"
+$keyed_limit"
+PROXY_PAUSED=$REPLY PAUSED_ADMIN=$ADMIN
 
-# name|url|keys|uses Redis (1: commands per decision are counted)
+# The processes whose CPU a contender's row reports.
+pids_of() { # pids_of NAME: the nginx's master and workers, or the proxy
+    case $1 in
+    upstream | contender) local m; m=$(cat "$work/$1/nginx.pid"); echo "$m $(pgrep -P "$m" | tr '\n' ' ')" ;;
+    *) cat "$work/$1.pid" ;;
+    esac
+}
+
+# name|url|keys|uses Redis (1: commands per decision are counted)|whose CPU
 contenders=(
-    "upstream|http://$UPSTREAM/|$MANY_KEYS|0"
-    "nginx proxy_pass|http://$NGINX/proxy/|$MANY_KEYS|0"
-    "nginx limit_req|http://$NGINX/lr/|$MANY_KEYS|0"
-    "nginx limit_req, hot key|http://$NGINX/lrhot/|$HOT_KEYS|0"
-    "nginx+Lua EVALSHA|http://$NGINX/lua/|$MANY_KEYS|1"
-    "nginx+Lua EVALSHA, hot key|http://$NGINX/luahot/|$HOT_KEYS|1"
-    "proxy, no limits|http://$PROXY/free/|$MANY_KEYS|0"
-    "proxy, Redis|http://$PROXY/|$MANY_KEYS|1"
-    "proxy, Redis, hot key|http://$PROXY/hot/|$HOT_KEYS|1"
-    "proxy, memory|http://$PROXY_MEM/|$MANY_KEYS|0"
+    "upstream|http://$UPSTREAM/|$MANY_KEYS|0|upstream"
+    "nginx proxy_pass|http://$NGINX/proxy/|$MANY_KEYS|0|contender"
+    "nginx limit_req|http://$NGINX/lr/|$MANY_KEYS|0|contender"
+    "nginx limit_req, hot key|http://$NGINX/lrhot/|$HOT_KEYS|0|contender"
+    "nginx+Lua EVALSHA|http://$NGINX/lua/|$MANY_KEYS|1|contender"
+    "nginx+Lua EVALSHA, hot key|http://$NGINX/luahot/|$HOT_KEYS|1|contender"
+    "nginx+Lua EVALSHA, Redis paused|http://$NGINX/luapaused/|$MANY_KEYS|0|contender"
+    "proxy, no limits|http://$PROXY/free/|$MANY_KEYS|0|proxy-redis"
+    "proxy, Redis|http://$PROXY/|$MANY_KEYS|1|proxy-redis"
+    "proxy, Redis, hot key|http://$PROXY/hot/|$HOT_KEYS|1|proxy-redis"
+    "proxy, Redis paused|http://$PROXY_PAUSED/|$MANY_KEYS|0|proxy-paused"
+    "proxy, memory|http://$PROXY_MEM/|$MANY_KEYS|0|proxy-memory"
 )
+
+if [[ -n ${ONLY:-} ]]; then
+    chosen=()
+    for c in "${contenders[@]}"; do [[ ${c%%|*} =~ $ONLY ]] && chosen+=("$c"); done
+    ((${#chosen[@]})) || die "ONLY=$ONLY matches no contender"
+    contenders=("${chosen[@]}")
+fi
 
 for c in "${contenders[@]}"; do
     IFS='|' read -r name url _ _ <<<"$c"
@@ -311,6 +387,8 @@ for c in "${contenders[@]}"; do
     IFS='|' read -r name url keys _ <<<"$c"
     KEYS=$keys wrk -t1 -c64 -d1s -s "$wrk_lua" "$url" >/dev/null
 done
+kill -STOP "$(cat "$work/redis-paused.pid")"
+log "paused the second Redis (pid $(cat "$work/redis-paused.pid"))"
 
 # --- the windows -------------------------------------------------------------------------------
 
@@ -318,11 +396,14 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 results=$work/results.tsv
 : >"$results"
 
-window() { # window CONNECTIONS CONTENDER_LINE: appends "c name rps p50 p99 non2xx errors requests cmds evals"
-    local conns=$1 name url keys redis before after result
-    IFS='|' read -r name url keys redis <<<"$2"
+window() { # window CONNECTIONS CONTENDER_LINE: appends "c name rps p50 p99 non2xx errors requests cmds evals redis cpu_ticks redis_cpu_s"
+    local conns=$1 name url keys redis owner before after result owner_pids t0 t1 r0 r1
+    IFS='|' read -r name url keys redis owner <<<"$2"
+    owner_pids=$(pids_of "$owner")
     before=$(redis_calls)
+    t0=$(proc_ticks $owner_pids) r0=$(redis_cpu)
     KEYS=$keys wrk -t1 -c"$conns" -d"${DURATION}s" --timeout 2s -s "$wrk_lua" "$url" >"$work/wrk.txt"
+    t1=$(proc_ticks $owner_pids) r1=$(redis_cpu)
     after=$(redis_calls)
     result=$(grep '^RESULT ' "$work/wrk.txt") || die "no RESULT from wrk ($name): $(cat "$work/wrk.txt")"
     cat "$work/wrk.txt" >>"$work/wrk-all.txt"
@@ -334,8 +415,8 @@ window() { # window CONNECTIONS CONTENDER_LINE: appends "c name rps p50 p99 non2
     read -r a_all a_ev <<<"$after"
     # Other contenders' Redis use is not in this window; for contenders without Redis the delta
     # is 0 (minus the INFO calls excluded), which checks that nothing else talks to this Redis.
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$conns" "$name" "${vals[@]}" \
-        $((a_all - b_all)) $((a_ev - b_ev)) "$redis" >>"$results"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$conns" "$name" "${vals[@]}" \
+        $((a_all - b_all)) $((a_ev - b_ev)) "$redis" $((t1 - t0)) "$(awk -v a="$r0" -v b="$r1" 'BEGIN { printf "%.6f", b - a }')" >>"$results"
     log "c=$conns $name: ${result#RESULT }"
 }
 
@@ -345,6 +426,64 @@ for conns in $CONNECTIONS; do
         for ((i = ${#contenders[@]} - 1; i >= 0; i--)); do window "$conns" "${contenders[i]}"; done
     done
 done
+
+# --- fixed rate: latency at half of peak ---------------------------------------------------------
+
+# Closed-loop latency at saturation is queueing, not the check: here every contender of a pair
+# gets the same offered rate, half the peak of the slower one ("proxy, Redis" at c=PACED_C), from
+# oha with latency correction (a late response counts from when its request was due).
+PACED_C=${PACED_C:-64}
+paced_contenders=()
+for c in "${contenders[@]}"; do
+    case ${c%%|*} in "nginx proxy_pass" | "nginx+Lua EVALSHA" | "proxy, no limits" | "proxy, Redis") paced_contenders+=("$c") ;; esac
+done
+peak=$(awk -F'\t' -v c="$PACED_C" '$1 == c && $2 == "proxy, Redis" { print $3 }' "$results" | sort -n |
+    awk '{ v[NR] = $1 } END { if (NR) print int((NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)) }')
+paced=$work/paced.tsv
+: >"$paced"
+rate=0
+if [[ -n $peak && ${#paced_contenders[@]} -gt 0 ]]; then
+    rate=$((peak / 2))
+    paced_window() { # paced_window CONTENDER_LINE: appends "name rps p50 p90 p99 p99.9 success" (seconds)
+        local name url
+        IFS='|' read -r name url _ <<<"$1"
+        oha -z "${DURATION}s" -q "$rate" -c "$PACED_C" --latency-correction --no-tui --output-format json \
+            -H "X-Api-Key: k1" "$url" >"$work/oha.json" 2>"$work/oha.err" ||
+            die "oha failed on $name: $(cat "$work/oha.err")"
+        python3 - "$name" "$work/oha.json" >>"$paced" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[2]))
+p, s = d["latencyPercentiles"], d["summary"]
+print("\t".join([sys.argv[1], "%.0f" % s["requestsPerSec"]] + ["%.6f" % (p[k] or 0) for k in ("p50", "p90", "p99", "p99.9")] + ["%.4f" % s["successRate"]]))
+PY
+        log "paced $rate/s $name: $(tail -1 "$paced" | cut -f2-)"
+    }
+    for round in $(seq 1 "$ROUNDS"); do
+        for c in "${paced_contenders[@]}"; do paced_window "$c"; done
+        for ((i = ${#paced_contenders[@]} - 1; i >= 0; i--)); do paced_window "${paced_contenders[i]}"; done
+    done
+fi
+
+# --- memory ----------------------------------------------------------------------------------------
+
+# Redis: what the buckets the runs created take, per key (the keyed contenders made 10,000 each).
+redis_keys=$(redis-cli -p "$REDIS_PORT" DBSIZE)
+redis_mem_after=$(redis-cli -p "$REDIS_PORT" INFO memory | tr -d '\r' | awk -F: '$1 == "used_memory" { print $2 }')
+sample_key=$(redis-cli -p "$REDIS_PORT" --scan --pattern 'rl:{keyed:*' | head -1) || true
+sample_usage=$(redis-cli -p "$REDIS_PORT" MEMORY USAGE "$sample_key")
+
+# The embedded store: the proxy's resident memory before and after RSS_KEYS distinct clients.
+RSS_KEYS=${RSS_KEYS:-1000000}
+rss_kib() { awk '$1 == "VmRSS:" { print $2 }' "/proc/$(cat "$work/proxy-memory.pid")/status"; }
+rss_before=$(rss_kib)
+rss_after=$rss_before
+if ((RSS_KEYS > 0)); then
+    log "driving $RSS_KEYS distinct keys through the embedded store ..."
+    # Random 16-letter paths: a million draws from 26^16 repeat none in practice.
+    oha -n "$RSS_KEYS" -c 64 --no-tui --output-format quiet --rand-regex-url "http://$PROXY_MEM/seq/[a-z]{16}" \
+        >"$work/oha-rss.log" 2>&1 || die "oha failed: $(cat "$work/oha-rss.log")"
+    rss_after=$(rss_kib)
+fi
 
 # --- report --------------------------------------------------------------------------------------
 
@@ -366,18 +505,20 @@ table=$(awk -F'\t' '
         if (!(k in lo) || $3 < lo[k]) lo[k] = $3
         if ($3 > hi[k]) hi[k] = $3
         bad[k] += $6; err[k] += $7; req[k] += $8; cmds[k] += $9; evals[k] += $10; redis[k] = $11
+        ticks[k] += $12; rcpu[k] += $13
     }
     END {
         for (i = 1; i <= rows; i++) { k = order[i]; med[k] = median(rps[k]) }
         for (i = 1; i <= rows; i++) {
             k = order[i]
             base = med[conns[k] SUBSEP "nginx proxy_pass"]; lua = med[conns[k] SUBSEP "nginx+Lua EVALSHA"]
-            per = redis[k] ? sprintf("%.3f | %.2f", evals[k] / req[k], cmds[k] / req[k]) : "– | –"
-            printf "| %s | %s | %d | %d–%d | %.2f | %.2f | %.1f %% | %d | %s | %.2f | %.2f |\n",
+            per = redis[k] ? sprintf("%.3f | %.2f | %.1f", evals[k] / req[k], cmds[k] / req[k], 1e6 * rcpu[k] / req[k]) : "– | – | –"
+            printf "| %s | %s | %d | %d–%d | %.2f | %.2f | %.1f %% | %d | %.1f | %s | %.2f | %.2f |\n",
                 conns[k], name[k], med[k], lo[k], hi[k], median(p50[k]) / 1000, median(p99[k]) / 1000,
-                100 * bad[k] / req[k], err[k], per, base ? med[k] / base : 0, lua ? med[k] / lua : 0
+                100 * bad[k] / req[k], err[k], 1e6 * ticks[k] / tick / req[k], per,
+                base ? med[k] / base : 0, lua ? med[k] / lua : 0
         }
-    }' "$results")
+    }' tick="$TICK" "$results")
 
 per_window=$(awk -F'\t' '{ printf "| %s | %s | %d | %.2f | %.2f | %d | %d | %d |\n", $1, $2, $3, $4 / 1000, $5 / 1000, $6, $7, $10 }' "$results")
 
@@ -394,6 +535,100 @@ proxy_decisions=$(curl -fsS "http://$PROXY_ADMIN/metrics" | awk '
         printf "%s%s %s=%d", sep, r, d, $2; sep = ", " }
     index($1, "ratelimit_deny_cache_hits_total{") == 1 && $2 > 0 { printf "%sdeny cache hits %d", sep, $2; sep = ", " }')
 
+# Fixed-rate: medians over the windows, per contender (µs), and the pairs' differences.
+paced_table=$(awk -F'\t' '
+    function median(list,   v, n, i, j, t) {
+        n = split(substr(list, 2), v, " ")
+        for (i = 2; i <= n; i++)
+            for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+        return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+    }
+    {
+        if (!($1 in n)) order[++rows] = $1
+        n[$1]++; rps[$1] = rps[$1] " " $2
+        for (f = 3; f <= 6; f++) lat[$1, f] = lat[$1, f] " " $f * 1e6
+        if (!($1 in ok) || $7 < ok[$1]) ok[$1] = $7
+    }
+    END {
+        for (i = 1; i <= rows; i++) {
+            k = order[i]
+            printf "| %s | %d | %d | %d | %d | %d | %d | %.2f %% |\n", k, n[k], median(rps[k]),
+                median(lat[k, 3]), median(lat[k, 4]), median(lat[k, 5]), median(lat[k, 6]), 100 * ok[k]
+            for (f = 3; f <= 6; f++) med[k, f] = median(lat[k, f])
+        }
+        for (f = 3; f <= 6; f++) {
+            printf "ADDED\t%s\t%d\t%d\n", f, med["proxy, Redis", f] - med["proxy, no limits", f],
+                med["nginx+Lua EVALSHA", f] - med["nginx proxy_pass", f] > "/dev/stderr"
+        }
+    }' "$paced" 2>"$work/added.tsv")
+added() { awk -F'\t' -v f="$1" -v col="$2" '$2 == f { print $col }' "$work/added.tsv"; }
+
+# The latency plot: percentiles of the fixed-rate runs, one line per contender.
+plot=${out%.md}-latency.png
+if [[ -s $paced ]]; then
+    awk -F'\t' '
+        function median(list,   v, n, i, j, t) {
+            n = split(substr(list, 2), v, " ")
+            for (i = 2; i <= n; i++)
+                for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+            return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+        }
+        { if (!($1 in seen)) { seen[$1] = 1; order[++rows] = $1 } for (f = 3; f <= 6; f++) lat[$1, f] = lat[$1, f] " " $f * 1000 }
+        END {
+            split("p50 p90 p99 p99.9", label, " ")
+            printf "percentile"; for (i = 1; i <= rows; i++) printf "\t\"%s\"", order[i]; print ""
+            for (f = 3; f <= 6; f++) {
+                printf "%s", label[f - 2]
+                for (i = 1; i <= rows; i++) printf "\t%.4f", median(lat[order[i], f])
+                print ""
+            }
+        }' "$paced" >"$work/plot.dat"
+    series=$(head -1 "$work/plot.dat" | awk -F'\t' '{ print NF - 1 }')
+    gnuplot <<EOF || die "gnuplot failed"
+set terminal pngcairo size 900,540 noenhanced font "sans,10"
+set output "$plot"
+set title "ratelimit-proxy and nginx: latency at a fixed $rate req/s (c=$PACED_C), $(date -u +%Y-%m-%d)"
+set ylabel "latency (ms), log scale"
+set logscale y
+set grid ytics
+set key top left
+set style data linespoints
+set datafile separator "\t"
+plot for [i=2:$((series + 1))] "$work/plot.dat" using i:xtic(1) title columnheader(i) lw 2 pt 7
+EOF
+fi
+
+# Targets, from this run.
+targets=$(awk -F'\t' -v added_p50="$(added 3 3)" -v added_p99="$(added 5 3)" -v c="$PACED_C" '
+    function median(list,   v, n, i, j, t) {
+        n = split(substr(list, 2), v, " ")
+        for (i = 2; i <= n; i++)
+            for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+        return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+    }
+    $1 == c { rps[$2] = rps[$2] " " $3; req[$2] += $8; bad[$2] += $6; evals[$2] += $10 }
+    function verdict(ok) { return ok ? "met" : "**missed**" }
+    END {
+        redis = median(rps["proxy, Redis"]); lua = median(rps["nginx+Lua EVALSHA"]); pass = median(rps["nginx proxy_pass"])
+        hot = median(rps["proxy, Redis, hot key"]); lr = median(rps["nginx limit_req, hot key"])
+        if (redis && lua) printf "| allowed path vs nginx+Lua EVALSHA | ≥ 1.5× | %.2f× | %s |\n", redis / lua, verdict(redis / lua >= 1.5)
+        if (redis && pass) printf "| allowed path vs nginx proxy_pass | ≥ 0.75× | %.2f× | %s |\n", redis / pass, verdict(redis / pass >= 0.75)
+        if (added_p50 != "") printf "| check added at half of peak, p50 | ≤ 100 µs | %d µs | %s |\n", added_p50, verdict(added_p50 <= 100)
+        if (added_p99 != "") printf "| check added at half of peak, p99 | ≤ 300 µs | %d µs | %s |\n", added_p99, verdict(added_p99 <= 300)
+        if (hot && lr) printf "| hot key (deny cache) vs nginx limit_req rejecting | ≥ 1.0× | %.2f× | %s |\n", hot / lr, verdict(hot / lr >= 1)
+        # A window starts with no denial cached (the bucket refilled while the others ran): the
+        # first c requests past the burst each ask Redis; every denial after that is cached.
+        k = "proxy, Redis, hot key"
+        if (req[k]) {
+            admitted = req[k] - bad[k]
+            printf "| Redis calls per denial (hot key, deny cache) | 0 | %.5f: %d EVALSHA for %d admitted and %d denied | %s |\n",
+                bad[k] ? (evals[k] - admitted) / bad[k] : 0, evals[k], admitted, bad[k], verdict((evals[k] - admitted) / bad[k] < 0.001)
+        }
+        # Requests still in flight when wrk stops were decided but not counted by wrk.
+        k = "proxy, Redis"
+        if (req[k]) printf "| Redis calls per admitted request | exactly 1 | %.4f | %s |\n", evals[k] / req[k], verdict(evals[k] >= req[k] && evals[k] / req[k] < 1.002)
+    }' "$results")
+
 command="${overrides}bench/compare.sh"
 mkdir -p "$(dirname "$out")"
 cat >"$out" <<EOF
@@ -403,7 +638,7 @@ cat >"$out" <<EOF
 - machine: $(nproc) CPUs, $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(uname -sr); shared with other work (load average before: $load_before, after: $(cut -d' ' -f1-3 /proc/loadavg))
 - command: \`$command\` (from the repo root)
 - measured: $measured
-- $(nginx -v 2>&1 | sed 's/.*: //'), ngx_http_lua $(dpkg-query -W -f '${Version}' libnginx-mod-http-lua 2>/dev/null || echo '?'), $(redis-server --version | cut -d' ' -f1-3), $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)
+- $(nginx -v 2>&1 | sed 's/.*: //'), ngx_http_lua $(dpkg-query -W -f '${Version}' libnginx-mod-http-lua 2>/dev/null || echo '?'), $(redis-server --version | cut -d' ' -f1-3), $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2), $(oha --version)
 - load: \`wrk -t1 -c<c> -d${DURATION}s\`, closed loop at full speed, every request with an X-Api-Key drawn at
   random from $MANY_KEYS keys (or one hot key); $ROUNDS rounds per concurrency, each round every
   contender forward then backward, so $((2 * ROUNDS)) windows per contender; everything (wrk, Redis, upstream,
@@ -411,16 +646,27 @@ cat >"$out" <<EOF
 - upstream: nginx, 1 worker, \`return 200\`; nginx contenders: $workers workers, upstream keepalive; the
   proxy: one thread per CPU ($workers)
 
+## Targets (c=$PACED_C, ratios of medians from this run)
+
+| target | wanted | this run | |
+|---|---|---|---|
+${targets}
+
+## Throughput, closed loop
+
 Columns: req/s is the median over the windows (min–max across them); p50/p99 latency in ms (medians
-over the windows); non-2xx is the share of responses with status >= 400 (429 here). Redis, from the
-INFO commandstats delta over the windows divided by the requests wrk completed: **EVAL/req** the
+over the windows); non-2xx is the share of responses with status >= 400 (429 here). **CPU µs/req**:
+CPU time (user + system, every thread) of the contender's own processes per request: the nginx
+master and workers, or the proxy (for "upstream": the upstream nginx). Redis, from the INFO
+commandstats delta over the windows divided by the requests wrk completed: **EVAL/req** the
 EVALSHA + EVAL calls, i.e. round trips per decision; **cmds/req** every command counted (INFO
 itself excluded), which includes the calls the script makes inside Redis (TIME, HMGET, and HSET +
-PEXPIRE when it admits: 5 per admitted decision, 3 per rejected one). The last two columns are
-req/s against nginx proxy_pass and against nginx+Lua EVALSHA at the same concurrency.
+PEXPIRE when it admits: 5 per admitted decision, 3 per rejected one); **Redis CPU µs/req** Redis's
+own CPU (INFO cpu) per request. The last two columns are req/s against nginx proxy_pass and against
+nginx+Lua EVALSHA at the same concurrency.
 
-| c | contender | req/s | min–max | p50 | p99 | non-2xx | socket errors | Redis EVAL/req | Redis cmds/req | vs nginx proxy_pass | vs nginx+Lua |
-|---|---|---|---|---|---|---|---|---|---|---|---|
+| c | contender | req/s | min–max | p50 | p99 | non-2xx | socket errors | CPU µs/req | Redis EVAL/req | Redis cmds/req | Redis CPU µs/req | vs nginx proxy_pass | vs nginx+Lua |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 ${table}
 
 Contenders: **upstream** wrk straight at the upstream (the ceiling); **nginx proxy_pass**; **nginx
@@ -430,10 +676,36 @@ a cosocket pool (\`bench/compare/redis_bucket.lua\`, a minimal RESP client: Debi
 lua-resty-redis), capacity 10^9 at 10^6/s, or capacity 100 at 100/s for the hot key; **proxy** the
 release build, a route without limits, a limit keyed by \`header:X-Api-Key\` (10^9 at 10^6/s) on Redis
 (\`timeout_ms: 25\`, fail-open; the deny cache is always on with Redis) and in memory, and the hot key
-(capacity 100 at 100/s) on Redis. Over the whole run, warm-up included: Redis errors (each
-a fail-open) in nginx+Lua: $lua_failures; the Redis proxy's decisions: ${proxy_decisions:-none}.
+(capacity 100 at 100/s) on Redis. **Redis paused**: the same limit on a second Redis, SIGSTOPped
+after the warm-up: nginx+Lua waits out its 25 ms timeout on every request, the proxy's circuit
+breaker stops calling after three. Over the whole run, warm-up included: Redis errors (each a
+fail-open) in nginx+Lua: $lua_failures; the Redis proxy's decisions: ${proxy_decisions:-none}.
 
-Every window:
+## Latency at a fixed rate: half of peak
+
+$(if [[ -s $paced ]]; then cat <<EOT
+\`oha -z ${DURATION}s -q $rate -c $PACED_C --latency-correction\` (one X-Api-Key), $rate req/s being half the median
+peak of "proxy, Redis" at c=$PACED_C above; $((2 * ROUNDS)) windows per contender, alternating as above. Latencies in
+µs, medians over the windows.
+
+| contender | windows | req/s | p50 | p90 | p99 | p99.9 | success (min) |
+|---|---|---|---|---|---|---|---|
+${paced_table}
+
+Added by the check (proxy, Redis − proxy, no limits): p50 $(added 3 3) µs, p90 $(added 4 3) µs, p99 $(added 5 3) µs,
+p99.9 $(added 6 3) µs. For comparison, nginx+Lua EVALSHA − nginx proxy_pass: p50 $(added 3 4) µs, p99 $(added 5 4) µs.
+
+![latency at a fixed rate]($(basename "$plot"))
+EOT
+else echo "Not run (needs the \"proxy, Redis\" contender at c=$PACED_C)."; fi)
+
+## Memory
+
+- Redis, per bucket: $(awk -v a="$redis_mem_before" -v b="$redis_mem_after" -v n="$redis_keys" 'BEGIN { if (n) printf "%.0f B of used_memory over %d keys", (b - a) / n, n }'); \`MEMORY USAGE\` of one bucket (\`$sample_key\`): $sample_usage B
+- The proxy's embedded store at $RSS_KEYS distinct clients (route /seq/, one bucket per path, none full so
+  none forgotten): RSS $((rss_before / 1024)) MiB before, $((rss_after / 1024)) MiB after$( ((RSS_KEYS > 0)) && awk -v a="$rss_before" -v b="$rss_after" -v n="$RSS_KEYS" 'BEGIN { printf ", %.0f B per bucket", (b - a) * 1024 / n }')
+
+## Every window
 
 | c | contender | req/s | p50 | p99 | non-2xx | socket errors | Redis EVALSHA+EVAL |
 |---|---|---|---|---|---|---|---|

@@ -56,11 +56,12 @@ local function read_reply(sock)
   return nil, "unexpected reply: " .. line
 end
 
--- true when allowed (or when Redis failed: fail open), false when rejected.
-function M.allowed(key, capacity, scale, num, cost)
+-- true when allowed (or when Redis failed: fail open), false when rejected. `redis_port` overrides
+-- the port given to init (the paused Redis of the "Redis paused" scenario).
+function M.allowed(key, capacity, scale, num, cost, redis_port)
   local sock = tcp()
   sock:settimeout(25)
-  local ok, err = sock:connect(host, port) -- takes a pooled connection when there is one
+  local ok, err = sock:connect(host, redis_port or port) -- takes a pooled connection when there is one
   if not ok then
     ngx.log(ngx.ERR, "redis connect: ", err)
     return true
