@@ -7,14 +7,17 @@
 
 use crate::config::{DenyFormat, Route};
 use crate::limiter::Decision;
-use http::{HeaderName, HeaderValue};
+use http::HeaderValue;
 
-pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-pub const RETRY_AFTER: HeaderName = HeaderName::from_static("retry-after");
+// Names as static strings, not `HeaderName`s: Pingora turns a `HeaderName` it is given back into
+// bytes (a copy for any name outside its short list) before parsing it again, and takes a static
+// string as it is.
+pub const X_RATELIMIT_LIMIT: &str = "x-ratelimit-limit";
+pub const X_RATELIMIT_REMAINING: &str = "x-ratelimit-remaining";
+pub const X_RATELIMIT_RESET: &str = "x-ratelimit-reset";
+pub const RATELIMIT: &str = "ratelimit";
+pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
+pub const RETRY_AFTER: &str = "retry-after";
 
 /// A route's limits as headers need them; the policy field is the same for every response of the
 /// route, so it is rendered once, at config load.
@@ -67,7 +70,7 @@ impl RouteHeaders {
         &self,
         decision: &Decision,
         limits: &[usize],
-        mut put: impl FnMut(HeaderName, HeaderValue),
+        mut put: impl FnMut(&'static str, HeaderValue),
     ) {
         let Some(j) = decision.binding() else { return };
         let (Some(state), Some(&i)) = (decision.limits.get(j), limits.get(j)) else {

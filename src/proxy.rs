@@ -13,7 +13,7 @@ use crate::plan::{Plan, RoutePlan};
 use crate::reload::LivePlan;
 use async_trait::async_trait;
 use bytes::Bytes;
-use http::{header, HeaderName, HeaderValue};
+use http::{header, HeaderValue};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::FailToProxy;
@@ -407,7 +407,7 @@ fn allowlisted(
 async fn refuse(
     session: &mut Session,
     route: &RoutePlan,
-    extra: Vec<(HeaderName, HeaderValue)>,
+    extra: Vec<(&'static str, HeaderValue)>,
     why: &Refusal<'_>,
 ) -> Result<()> {
     let (content_type, body) = headers::refusal_body(&route.deny.format, why);
@@ -420,11 +420,13 @@ async fn respond(
     session: &mut Session,
     status: u16,
     content_type: &str,
-    extra: Vec<(HeaderName, HeaderValue)>,
+    extra: Vec<(&'static str, HeaderValue)>,
     body: impl Into<Bytes>,
 ) -> Result<()> {
     let body = body.into();
-    let mut resp = ResponseHeader::build(status, Some(4 + extra.len()))?;
+    // Without the map that keeps header names as a peer spelled them: these names are ours, and
+    // every insert would otherwise go into two maps.
+    let mut resp = ResponseHeader::build_no_case(status, Some(4 + extra.len()))?;
     resp.insert_header(header::CONTENT_TYPE, content_type)?;
     resp.insert_header(header::CONTENT_LENGTH, body.len())?;
     for (name, value) in extra {
