@@ -1,23 +1,33 @@
 #!/usr/bin/env bash
 # Throughput and latency of ratelimit-proxy side by side with nginx, on one machine, on loopback.
 #
-# Usage (from the repo root):
+# Usage (from the repo root; about 16 minutes with the defaults, plus one build):
 #
 #     bench/compare.sh
 #
-# Optional environment: CONNECTIONS (wrk -c values, default "64"; e.g. "16 64 256"), ROUNDS
-# (default 2: see "Order" below), DURATION seconds per wrk window (5), REV (commit to build, default
-# HEAD, from a `git archive` snapshot so that uncommitted edits in the shared checkout neither break
-# the build nor slip into the numbers; REV=worktree builds the checkout as it is), KEEP_TMP=1 (keep
-# the temp dir: configs, logs, raw wrk output), ONLY (an extended regex: run only the contenders
-# whose names match, e.g. ONLY='proxy_pass|proxy, no' while iterating), OUT (default bench/results/compare.md). The Markdown
-# report is printed too.
+# What it reports (bench/results/compare.md, and compare-latency.png beside it):
+#   1. closed-loop throughput and latency of every contender below at each of CONNECTIONS, with
+#      each contender's own CPU per request, Redis round trips, commands and CPU per request;
+#   2. latency at a fixed rate, half the peak of "proxy, Redis" at c=PACED_C, for the proxy with
+#      and without limits, nginx proxy_pass and nginx+Lua (oha -q, latency-corrected), and the plot;
+#   3. Redis memory per bucket, and the proxy's resident memory at RSS_KEYS distinct clients of the
+#      embedded store;
+#   4. the performance targets, each with this run's figure and met / missed.
 #
-# Needs git, cargo, redis-server, redis-cli, wrk, curl, ss, and nginx with the Lua module (Debian:
-# apt-get install -y nginx-light libnginx-mod-http-lua wrk redis-server). The system nginx and its
-# config are never used: each nginx here runs in the foreground with a config and prefix in the
-# temp dir. Everything listens on 127.0.0.1, on free ports in 20000-31999 (never 80 or 6379), and
-# every process the script starts is killed on exit.
+# Optional environment: CONNECTIONS (wrk -c values, default "16 64 256"), ROUNDS (default 2: see
+# "Order" below), DURATION seconds per window (5), PACED_C (64), RSS_KEYS (1000000; 0 skips), REV
+# (commit to build, default HEAD, from a `git archive` snapshot so that uncommitted edits in the
+# shared checkout neither break the build nor slip into the numbers; REV=worktree builds the
+# checkout as it is), KEEP_TMP=1 (keep the temp dir: configs, logs, raw output), ONLY (an extended
+# regex: run only the contenders whose names match, e.g. ONLY='proxy_pass|proxy, no' while
+# iterating), OUT (default bench/results/compare.md). The Markdown report is printed too.
+#
+# Needs git, cargo, redis-server, redis-cli, wrk, curl, ss, python3, gnuplot, and nginx with the Lua
+# module; on Debian whatever is missing is installed with apt-get first (nginx-light
+# libnginx-mod-http-lua wrk redis-server gnuplot-nox ...), and oha with `cargo install`. The system
+# nginx and its config are never used: each nginx here runs in the foreground with a config and
+# prefix in the temp dir. Everything listens on 127.0.0.1, on free ports in 20000-31999 (never 80
+# or 6379), and every process the script starts is killed on exit.
 #
 # Contenders (all behind one upstream, an nginx answering `return 200` with one worker):
 #   upstream            wrk straight at the upstream: the ceiling
@@ -32,6 +42,8 @@
 #   proxy Redis hot     one hot key at capacity 100, 100/s: nearly all rejected, mostly from the
 #                       deny cache (always on with Redis)
 #   proxy memory        the 10,000-key limit in the embedded in-memory store
+#   ... Redis paused    the 10,000-key limit on a second Redis, SIGSTOPped after the warm-up, behind
+#                       nginx+Lua and behind the proxy (fail-open, 25 ms timeout, its breaker)
 # wrk sends every request with an X-Api-Key drawn from 10,000 keys (or the one hot key), to every
 # contender alike, so the client's cost is the same in every row.
 #
@@ -41,9 +53,9 @@
 set -euo pipefail
 
 overrides=""
-for v in REV CONNECTIONS ROUNDS DURATION ONLY OUT; do [[ -n ${!v:-} ]] && overrides+="$v=$(printf %q "${!v}") "; done
+for v in REV CONNECTIONS ROUNDS DURATION PACED_C RSS_KEYS ONLY OUT; do [[ -n ${!v:-} ]] && overrides+="$v=$(printf %q "${!v}") "; done
 
-CONNECTIONS=${CONNECTIONS:-64}
+CONNECTIONS=${CONNECTIONS:-16 64 256}
 ROUNDS=${ROUNDS:-2}
 DURATION=${DURATION:-5}
 REV=${REV:-HEAD}
@@ -59,6 +71,23 @@ target_dir=${CARGO_TARGET_DIR:-$repo/target}
 die() { echo "compare: $*" >&2; exit 1; }
 log() { echo "[$(date +%T)] $*" >&2; }
 
+# On Debian, what is missing is installed first (and said so), as scripts/test does.
+nginx_modules=/usr/share/nginx/modules
+missing=()
+for pair in cmake:cmake redis-server:redis-server redis-cli:redis-tools wrk:wrk nginx:nginx-light \
+    gnuplot:gnuplot-nox curl:curl ss:iproute2 python3:python3; do
+    command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
+done
+[[ -f $nginx_modules/ngx_http_lua_module.so ]] || missing+=(libnginx-mod-http-lua)
+if ((${#missing[@]})) && command -v apt-get >/dev/null; then
+    log "installing ${missing[*]} with apt-get"
+    sudo=""
+    [[ $(id -u) -eq 0 ]] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+    # Debian starts the packaged nginx on port 80; this script never uses it.
+    ! command -v systemctl >/dev/null || $sudo systemctl disable --now nginx >/dev/null 2>&1 || true
+fi
 for tool in git tar cargo redis-server redis-cli wrk curl ss nginx python3 gnuplot; do
     command -v "$tool" >/dev/null || die "needs $tool on PATH (Debian: apt-get install -y nginx-light libnginx-mod-http-lua wrk redis-server gnuplot-nox)"
 done
@@ -68,7 +97,6 @@ if ! command -v oha >/dev/null; then
     cargo install --locked oha >"${TMPDIR:-/tmp}/oha-install.log" 2>&1 || die "cargo install oha failed: see ${TMPDIR:-/tmp}/oha-install.log"
     export PATH=$HOME/.cargo/bin:$PATH
 fi
-nginx_modules=/usr/share/nginx/modules
 [[ -f $nginx_modules/ngx_http_lua_module.so ]] || die "needs the nginx Lua module (apt-get install -y libnginx-mod-http-lua)"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/compare.XXXXXX")
