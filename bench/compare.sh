@@ -15,7 +15,8 @@
 #   4. the performance targets, each with this run's figure and met / missed.
 #
 # Optional environment: CONNECTIONS (wrk -c values, default "16 64 256"), ROUNDS (default 2: see
-# "Order" below), DURATION seconds per window (5), PACED_C (64), RSS_KEYS (1000000; 0 skips), REV
+# "Order" below), DURATION seconds per window (5), PACED_C (64), RSS_KEYS (1000000; 0 skips),
+# REDIS_KEYS (clients for the Redis memory figure, 100000), REV
 # (commit to build, default HEAD, from a `git archive` snapshot so that uncommitted edits in the
 # shared checkout neither break the build nor slip into the numbers; REV=worktree builds the
 # checkout as it is), KEEP_TMP=1 (keep the temp dir: configs, logs, raw output), ONLY (an extended
@@ -53,7 +54,7 @@
 set -euo pipefail
 
 overrides=""
-for v in REV CONNECTIONS ROUNDS DURATION PACED_C RSS_KEYS ONLY OUT; do [[ -n ${!v:-} ]] && overrides+="$v=$(printf %q "${!v}") "; done
+for v in REV CONNECTIONS ROUNDS DURATION PACED_C RSS_KEYS REDIS_KEYS ONLY OUT; do [[ -n ${!v:-} ]] && overrides+="$v=$(printf %q "${!v}") "; done
 
 CONNECTIONS=${CONNECTIONS:-16 64 256}
 ROUNDS=${ROUNDS:-2}
@@ -185,7 +186,6 @@ start redis-paused redis-server --port "$PAUSED_PORT" --bind 127.0.0.1 --save ""
     --dir "$work" --logfile "$work/redis-paused.server.log"
 wait_until 10 "redis on $PAUSED_PORT" redis-cli -p "$PAUSED_PORT" PING
 redis-cli -p "$PAUSED_PORT" SCRIPT LOAD "$(cat lua/token_bucket.lua)" >/dev/null
-redis_mem_before=$(redis-cli -p "$REDIS_PORT" INFO memory | tr -d '\r' | awk -F: '$1 == "used_memory" { print $2 }')
 
 # CPU seconds Redis has used (INFO cpu: user + sys, microsecond resolution).
 redis_cpu() {
@@ -339,6 +339,14 @@ start_proxy proxy-redis "redis:
 on_redis_error: open" "  - name: free
     match: { path_prefix: /free/ }
     upstream: \"$UPSTREAM\"
+  - name: seq
+    match: { path_prefix: /seq/ }
+    upstream: \"$UPSTREAM\"
+    limits:
+      - name: per_client
+        capacity: 100
+        refill: \"1/h\"
+        key: \"query:k\"
   - name: hot
     match: { path_prefix: /hot/ }
     upstream: \"$UPSTREAM\"
@@ -351,16 +359,16 @@ on_redis_error: open" "  - name: free
     upstream: \"$UPSTREAM\"
 $keyed_limit"
 PROXY=$REPLY PROXY_ADMIN=$ADMIN
-# /seq/: a bucket per path that stays in memory (a full bucket is forgotten, and 1 token an hour
+# /seq/: a bucket per ?k= client that stays in memory (a full bucket is forgotten, and 1 token an hour
 # keeps these from refilling), for the resident-memory figure at RSS_KEYS clients.
 start_proxy proxy-memory "" "  - name: seq
     match: { path_prefix: /seq/ }
     upstream: \"$UPSTREAM\"
     limits:
-      - name: per_path
+      - name: per_client
         capacity: 100
         refill: \"1/h\"
-        key: path
+        key: \"query:k\"
   - name: keyed
     upstream: \"$UPSTREAM\"
 $keyed_limit"
@@ -494,10 +502,16 @@ fi
 
 # --- memory ----------------------------------------------------------------------------------------
 
-# Redis: what the buckets the runs created take, per key (the keyed contenders made 10,000 each).
-redis_keys=$(redis-cli -p "$REDIS_PORT" DBSIZE)
-redis_mem_after=$(redis-cli -p "$REDIS_PORT" INFO memory | tr -d '\r' | awk -F: '$1 == "used_memory" { print $2 }')
-sample_key=$(redis-cli -p "$REDIS_PORT" --scan --pattern 'rl:{keyed:*' | head -1) || true
+# Redis, per bucket: REDIS_KEYS distinct clients through the proxy's query-keyed /seq/ route, whose
+# buckets (1 token an hour) outlive the measurement; the keyed contenders' buckets refill at once
+# and expire a second later, so they are gone by now.
+REDIS_KEYS=${REDIS_KEYS:-100000}
+redis_used() { redis-cli -p "$REDIS_PORT" INFO memory | tr -d '\r' | awk -F: '$1 == "used_memory" { print $2 }'; }
+redis_keys_before=$(redis-cli -p "$REDIS_PORT" DBSIZE) redis_mem_before=$(redis_used)
+oha -n "$REDIS_KEYS" -c 64 --no-tui --output-format quiet --rand-regex-url "http://$PROXY/seq/\?k=[a-z]{16}" \
+    >"$work/oha-redis-keys.log" 2>&1 || die "oha failed: $(cat "$work/oha-redis-keys.log")"
+redis_keys=$(($(redis-cli -p "$REDIS_PORT" DBSIZE) - redis_keys_before)) redis_mem_after=$(redis_used)
+sample_key=$(redis-cli -p "$REDIS_PORT" --scan --pattern 'rl:{seq:*' | head -1) || true
 sample_usage=$(redis-cli -p "$REDIS_PORT" MEMORY USAGE "$sample_key")
 
 # The embedded store: the proxy's resident memory before and after RSS_KEYS distinct clients.
@@ -507,8 +521,8 @@ rss_before=$(rss_kib)
 rss_after=$rss_before
 if ((RSS_KEYS > 0)); then
     log "driving $RSS_KEYS distinct keys through the embedded store ..."
-    # Random 16-letter paths: a million draws from 26^16 repeat none in practice.
-    oha -n "$RSS_KEYS" -c 64 --no-tui --output-format quiet --rand-regex-url "http://$PROXY_MEM/seq/[a-z]{16}" \
+    # Random 16-letter clients (?k=): a million draws from 26^16 repeat none in practice.
+    oha -n "$RSS_KEYS" -c 64 --no-tui --output-format quiet --rand-regex-url "http://$PROXY_MEM/seq/\?k=[a-z]{16}" \
         >"$work/oha-rss.log" 2>&1 || die "oha failed: $(cat "$work/oha-rss.log")"
     rss_after=$(rss_kib)
 fi
@@ -729,8 +743,8 @@ else echo "Not run (needs the \"proxy, Redis\" contender at c=$PACED_C)."; fi)
 
 ## Memory
 
-- Redis, per bucket: $(awk -v a="$redis_mem_before" -v b="$redis_mem_after" -v n="$redis_keys" 'BEGIN { if (n) printf "%.0f B of used_memory over %d keys", (b - a) / n, n }'); \`MEMORY USAGE\` of one bucket (\`$sample_key\`): $sample_usage B
-- The proxy's embedded store at $RSS_KEYS distinct clients (route /seq/, one bucket per path, none full so
+- Redis, per bucket, $REDIS_KEYS distinct clients through a query-keyed route: $(awk -v a="$redis_mem_before" -v b="$redis_mem_after" -v n="$redis_keys" 'BEGIN { if (n) printf "%.0f B of used_memory over %d keys", (b - a) / n, n }'); \`MEMORY USAGE\` of one bucket (\`$sample_key\`): $sample_usage B
+- The proxy's embedded store at $RSS_KEYS distinct clients (route /seq/, one bucket per \`?k=\` value, none full so
   none forgotten): RSS $((rss_before / 1024)) MiB before, $((rss_after / 1024)) MiB after$( ((RSS_KEYS > 0)) && awk -v a="$rss_before" -v b="$rss_after" -v n="$RSS_KEYS" 'BEGIN { printf ", %.0f B per bucket", (b - a) * 1024 / n }')
 
 ## Every window
