@@ -105,7 +105,12 @@ pids=()
 
 cleanup() {
     local status=$? p
-    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do
+        # An nginx master killed outright leaves its workers running, orphaned: them first.
+        pkill -KILL -P "$p" 2>/dev/null || true
+        kill -KILL "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
     if [[ $status -ne 0 || ${KEEP_TMP:-} == 1 ]]; then
         echo "compare: logs and configs kept in $work" >&2
     else
