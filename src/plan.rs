@@ -40,6 +40,15 @@ pub struct RoutePlan {
     pub counters: RouteCounters,
 }
 
+impl RoutePlan {
+    /// Whether any limit's key reads the client address: only then is it formatted per request.
+    pub fn keys_on_client_ip(&self) -> bool {
+        self.limits
+            .iter()
+            .any(|l| l.key.contains(&KeySource::ClientIp))
+    }
+}
+
 pub struct Plan {
     pub table: RouteTable,
     pub routes: Vec<RoutePlan>,

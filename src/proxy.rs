@@ -176,7 +176,10 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             ctx.outcome = Some(Outcome::Bypassed);
             return Ok(false);
         }
-        let client_ip = client.map(|c| c.to_string()).unwrap_or_default();
+        let client_ip = match client {
+            Some(ip) if route.keys_on_client_ip() => ip.to_string(),
+            _ => String::new(),
+        };
         let facts = RequestFacts {
             client_ip: &client_ip,
             method: req.method.as_str(),
