@@ -154,13 +154,15 @@ wait_until() {
 # --- build -------------------------------------------------------------------------------------
 
 if [[ $REV == worktree ]]; then
-    src=$repo
+    src=$repo build_dir=$target_dir
     measured="working tree on $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src lua Cargo.toml Cargo.lock || echo ', with uncommitted changes to the code')"
 else
     commit=$(git rev-parse --verify --quiet "$REV^{commit}") || die "REV=$REV is not a commit"
-    # A fixed path inside the build output: cargo keys artifacts by source path, so a fresh path
-    # per run would rebuild from scratch and pile up copies.
-    src=$target_dir/compare/src
+    # A fixed path inside the build output (a fresh path per run would rebuild from scratch), and
+    # a target dir of its own: cargo names a root package's artifacts by its path relative to the
+    # workspace, which is the same for the snapshot and the checkout, so in a shared target dir
+    # each build would take the other's for up to date.
+    src=$target_dir/compare/src build_dir=$target_dir/compare/target
     if [[ $(cat "$src/.commit" 2>/dev/null) != "$commit" ]]; then
         rm -rf "$src"
         mkdir -p "$src"
@@ -169,11 +171,11 @@ else
     fi
     measured="commit $(git rev-parse --short "$commit") ($(git log -1 --format=%s "$commit"))"
 fi
-log "building $measured (release; waits if another cargo holds the target dir) ..."
-(cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release --bin ratelimit-proxy) \
+log "building $measured (release; the first build of a snapshot takes minutes) ..."
+(cd "$src" && CARGO_TARGET_DIR=$build_dir cargo build --release --bin ratelimit-proxy) \
     >"$work/build.log" 2>&1 || die "build failed: $(tail -20 "$work/build.log")"
-# A private copy: another build in the shared target dir may replace the binary mid-run.
-cp "$target_dir/release/ratelimit-proxy" "$work/ratelimit-proxy"
+# A private copy: another build in the same target dir may replace the binary mid-run.
+cp "$build_dir/release/ratelimit-proxy" "$work/ratelimit-proxy"
 proxy_bin=$work/ratelimit-proxy
 
 # --- Redis ---------------------------------------------------------------------------------------
