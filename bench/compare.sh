@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Throughput and latency of ratelimit-proxy side by side with nginx, on one machine, on loopback.
 #
-# Usage (from the repo root; about 16 minutes with the defaults, plus one build):
+# Usage (from the repo root; about 18 minutes with the defaults, plus one release build):
 #
 #     bench/compare.sh
 #
