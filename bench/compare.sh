@@ -340,20 +340,23 @@ keyed_limit='    limits:
         capacity: 1000000000
         refill: "1000000/s"
         key: "header:X-Api-Key"'
-start_proxy proxy-redis "redis:
-  url: \"redis://127.0.0.1:$REDIS_PORT/0\"
-  timeout_ms: 25
-on_redis_error: open" "  - name: free
-    match: { path_prefix: /free/ }
-    upstream: \"$UPSTREAM\"
-  - name: seq
+# /seq/: a bucket per ?k= client that stays (a full bucket is forgotten, in Redis and in memory, and 1
+# token an hour keeps these from refilling), for the memory figures at REDIS_KEYS and RSS_KEYS clients.
+seq_route="  - name: seq
     match: { path_prefix: /seq/ }
     upstream: \"$UPSTREAM\"
     limits:
       - name: per_client
         capacity: 100
         refill: \"1/h\"
-        key: \"query:k\"
+        key: \"query:k\""
+start_proxy proxy-redis "redis:
+  url: \"redis://127.0.0.1:$REDIS_PORT/0\"
+  timeout_ms: 25
+on_redis_error: open" "  - name: free
+    match: { path_prefix: /free/ }
+    upstream: \"$UPSTREAM\"
+$seq_route
   - name: hot
     match: { path_prefix: /hot/ }
     upstream: \"$UPSTREAM\"
@@ -366,16 +369,7 @@ on_redis_error: open" "  - name: free
     upstream: \"$UPSTREAM\"
 $keyed_limit"
 PROXY=$REPLY PROXY_ADMIN=$ADMIN
-# /seq/: a bucket per ?k= client that stays in memory (a full bucket is forgotten, and 1 token an hour
-# keeps these from refilling), for the resident-memory figure at RSS_KEYS clients.
-start_proxy proxy-memory "" "  - name: seq
-    match: { path_prefix: /seq/ }
-    upstream: \"$UPSTREAM\"
-    limits:
-      - name: per_client
-        capacity: 100
-        refill: \"1/h\"
-        key: \"query:k\"
+start_proxy proxy-memory "" "$seq_route
   - name: keyed
     upstream: \"$UPSTREAM\"
 $keyed_limit"
@@ -470,6 +464,16 @@ for conns in $CONNECTIONS; do
     done
 done
 
+# Median of the space-separated numbers in `list` (after a leading space): the mean of the middle two
+# for an even count. Prepended to the awk programs below.
+awk_median='
+    function median(list,   v, n, i, j, t) {
+        n = split(substr(list, 2), v, " ")
+        for (i = 2; i <= n; i++)
+            for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+        return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+    }'
+
 # --- fixed rate: latency at half of peak ---------------------------------------------------------
 
 # Closed-loop latency at saturation is queueing, not the check: here every contender of a pair
@@ -539,13 +543,7 @@ fi
 # Per concurrency and contender, in the contenders' order: median req/s (the mean of the middle
 # two for an even count) and min-max, median p50/p99, share of non-2xx, socket errors (sum), Redis
 # commands per request, and req/s against nginx proxy_pass and nginx+Lua.
-table=$(awk -F'\t' '
-    function median(list,   v, n, i, j, t) {
-        n = split(substr(list, 2), v, " ")
-        for (i = 2; i <= n; i++)
-            for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
-        return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-    }
+table=$(awk -F'\t' "$awk_median"'
     {
         k = $1 SUBSEP $2
         if (!(k in n)) { order[++rows] = k; conns[k] = $1; name[k] = $2 }
@@ -585,13 +583,7 @@ proxy_decisions=$(curl -fsS "http://$PROXY_ADMIN/metrics" | awk '
     index($1, "ratelimit_deny_cache_hits_total{") == 1 && $2 > 0 { printf "%sdeny cache hits %d", sep, $2; sep = ", " }')
 
 # Fixed-rate: medians over the windows, per contender (µs), and the pairs' differences.
-paced_table=$(awk -F'\t' '
-    function median(list,   v, n, i, j, t) {
-        n = split(substr(list, 2), v, " ")
-        for (i = 2; i <= n; i++)
-            for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
-        return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-    }
+paced_table=$(awk -F'\t' "$awk_median"'
     {
         if (!($1 in n)) order[++rows] = $1
         n[$1]++; rps[$1] = rps[$1] " " $2
@@ -615,13 +607,7 @@ added() { awk -F'\t' -v f="$1" -v col="$2" '$2 == f { print $col }' "$work/added
 # The latency plot: percentiles of the fixed-rate runs, one line per contender.
 plot=${out%.md}-latency.png
 if [[ -s $paced ]]; then
-    awk -F'\t' '
-        function median(list,   v, n, i, j, t) {
-            n = split(substr(list, 2), v, " ")
-            for (i = 2; i <= n; i++)
-                for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
-            return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-        }
+    awk -F'\t' "$awk_median"'
         { if (!($1 in seen)) { seen[$1] = 1; order[++rows] = $1 } for (f = 3; f <= 6; f++) lat[$1, f] = lat[$1, f] " " $f * 1000 }
         END {
             split("p50 p90 p99 p99.9", label, " ")
@@ -648,13 +634,7 @@ EOF
 fi
 
 # Targets, from this run.
-targets=$(awk -F'\t' -v added_p50="$(added 3 3)" -v added_p99="$(added 5 3)" -v c="$PACED_C" '
-    function median(list,   v, n, i, j, t) {
-        n = split(substr(list, 2), v, " ")
-        for (i = 2; i <= n; i++)
-            for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
-        return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-    }
+targets=$(awk -F'\t' -v added_p50="$(added 3 3)" -v added_p99="$(added 5 3)" -v c="$PACED_C" "$awk_median"'
     $1 == c { rps[$2] = rps[$2] " " $3; req[$2] += $8; bad[$2] += $6; evals[$2] += $10 }
     function verdict(ok) { return ok ? "met" : "**missed**" }
     END {
