@@ -82,8 +82,11 @@ fn every_decision_counted_once(backend: Backend, sent: usize, concurrent: usize)
     let capacity = (sent / 4) as u64;
     // One more token than the barrage may take: a first request loads the script and is not part
     // of the count.
+    // The admitted requests reach the test upstream at once, each on a new connection: its accept
+    // backlog can overflow, and a dropped SYN is retried after 1 s, the default connect timeout
+    // (504s seen in CI on a loaded machine). This test is about decisions, so connects may wait.
     let routes = format!(
-        "  - name: api\n    upstream: \"{{upstream}}\"\n    limits: [{{ name: l, capacity: {}, refill: \"1/h\", key: route }}]\n",
+        "  - name: api\n    upstream: \"{{upstream}}\"\n    connect_timeout_ms: 10000\n    limits: [{{ name: l, capacity: {}, refill: \"1/h\", key: route }}]\n",
         capacity + 1
     );
     let top = format!("{}on_redis_error: closed\n", backend.section(10_000));
