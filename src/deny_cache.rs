@@ -18,7 +18,7 @@
 //! is never earlier than Redis's own (it may be later by one round trip). The cache is bounded;
 //! when a shard is full of live denials, a new one is simply not remembered.
 
-use crate::limiter::{BucketParams, Decision};
+use crate::limiter::{BucketParams, Decision, LimitState};
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Mutex;
@@ -161,12 +161,24 @@ impl DenyCache {
 
     /// Notes what the store decided at `now` for these keys: a denial is remembered until its
     /// retry instant; an admission that left some bucket short of another request's cost is
-    /// remembered as the denial of the next one, until the next token; any other admission
-    /// forgets what was remembered.
-    pub fn note(&self, keys: &[String], params: &[BucketParams], decision: &Decision, now: u64) {
+    /// remembered as the denial of the next one, until the next token. `refresh` is this
+    /// request's, when it asked for others: any other admission then forgets the expired denial,
+    /// and the waiting requests wake (when it drops, at the end) to what was noted.
+    pub fn note(
+        &self,
+        keys: &[String],
+        params: &[BucketParams],
+        decision: &Decision,
+        now: u64,
+        refresh: Option<Refresh>,
+    ) {
         let Some(first) = keys.first() else { return };
         let Some(denial) = next_denied(params, decision) else {
-            self.shard(first).remove(first);
+            // Only a refreshed entry can be here to forget: any other request with these keys
+            // was answered from the cache.
+            if refresh.is_some() {
+                self.shard(first).remove(first);
+            }
             return;
         };
         let until = now + denial.retry_after_us();
@@ -201,18 +213,22 @@ fn next_denied(params: &[BucketParams], decision: &Decision) -> Option<Decision>
     if !decision.allowed {
         return Some(decision.clone());
     }
+    // Checked before copying: most admissions leave enough, and imply nothing.
+    let short = |(l, p): (&LimitState, &BucketParams)| l.remaining < p.cost;
+    if !decision.limits.iter().zip(params).any(short) {
+        return None;
+    }
     let mut next = decision.clone();
     next.allowed = false;
     for (limit, p) in next.limits.iter_mut().zip(params) {
-        limit.ok = limit.remaining >= p.cost;
+        limit.ok = !short((limit, p));
     }
-    next.limits.iter().any(|l| !l.ok).then_some(next)
+    Some(next)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::LimitState;
 
     const BUDGET: Duration = Duration::from_millis(50);
 
@@ -263,7 +279,7 @@ mod tests {
     fn repeats_a_denial_counting_down_until_its_retry_instant() {
         let cache = DenyCache::new(100, BUDGET);
         let keys = vec!["rl:{a:1}:l".to_string()];
-        cache.note(&keys, &[P], &denied(1_000_000), 10);
+        cache.note(&keys, &[P], &denied(1_000_000), 10, None);
         let d = lookup(&cache, &keys, &[P], 400_010).expect("cached");
         assert_eq!(d.limits[0].wait_us, 600_000);
         assert_eq!(d.limits[0].reset_us, 2_600_000);
@@ -277,20 +293,24 @@ mod tests {
     fn an_admission_that_emptied_the_bucket_denies_the_next_request_until_the_next_token() {
         let cache = DenyCache::new(100, BUDGET);
         let keys = vec!["rl:{a:1}:l".to_string()];
-        cache.note(&keys, &[P], &allowed(0, 250_000), 0);
+        cache.note(&keys, &[P], &allowed(0, 250_000), 0, None);
         let d = lookup(&cache, &keys, &[P], 100_000).expect("cached");
         assert!(!d.allowed && !d.limits[0].ok);
         assert_eq!(d.limits[0].wait_us, 150_000);
         assert!(lookup(&cache, &keys, &[P], 250_000).is_none());
 
-        // A token left for the next request: nothing to remember, and an old denial is forgotten.
-        cache.note(&keys, &[P], &denied(1_000_000), 0);
-        cache.note(&keys, &[P], &allowed(1, 250_000), 10);
-        assert!(lookup(&cache, &keys, &[P], 20).is_none());
+        // A token left for the next request: nothing to remember, and the expired denial its
+        // refresh was for is forgotten.
+        cache.note(&keys, &[P], &denied(1_000), 0, None);
+        let Lookup::Lead(refresh) = cache.lookup(&keys, &[P], 1_000) else {
+            panic!("the first request after expiry refreshes");
+        };
+        cache.note(&keys, &[P], &allowed(1, 250_000), 1_010, Some(refresh));
+        assert!(cache.shards.iter().all(|s| s.lock().unwrap().is_empty()));
 
         // Cost 2 with one token left: denied too.
         let two = BucketParams { cost: 2, ..P };
-        cache.note(&keys, &[two], &allowed(1, 250_000), 0);
+        cache.note(&keys, &[two], &allowed(1, 250_000), 0, None);
         assert!(lookup(&cache, &keys, &[two], 1).is_some());
     }
 
@@ -298,7 +318,7 @@ mod tests {
     fn a_changed_limit_or_other_keys_miss() {
         let cache = DenyCache::new(100, BUDGET);
         let keys = vec!["rl:{a}:x".to_string(), "rl:{a}:y:1".to_string()];
-        cache.note(&keys, &[P, P], &denied(1_000_000), 0);
+        cache.note(&keys, &[P, P], &denied(1_000_000), 0, None);
         let other = vec!["rl:{a}:x".to_string(), "rl:{a}:y:2".to_string()];
         assert!(lookup(&cache, &other, &[P, P], 1).is_none());
         let bigger = BucketParams { capacity: 10, ..P };
@@ -313,7 +333,7 @@ mod tests {
     fn stays_bounded() {
         let cache = DenyCache::new(SHARDS * 2, BUDGET);
         for i in 0..1_000 {
-            cache.note(&[format!("k{i}")], &[P], &denied(1_000_000), 0);
+            cache.note(&[format!("k{i}")], &[P], &denied(1_000_000), 0, None);
         }
         let total: usize = cache.shards.iter().map(|s| s.lock().unwrap().len()).sum();
         assert!(total <= SHARDS * 2, "{total}");
@@ -321,7 +341,7 @@ mod tests {
 
     /// Two requests on an expired denial: the first asks, the second waits for its answer.
     async fn expired(cache: &DenyCache, keys: &[String]) -> Refresh {
-        cache.note(keys, &[P], &denied(1_000), 0);
+        cache.note(keys, &[P], &denied(1_000), 0, None);
         let Consult::Ask(Some(refresh)) = cache.consult(keys, &[P], || 5_000).await else {
             panic!("the first request after expiry refreshes");
         };
@@ -339,8 +359,7 @@ mod tests {
         };
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished(), "waits for the refreshing request");
-        cache.note(&keys, &[P], &allowed(0, 100_000), 5_000);
-        drop(refresh);
+        cache.note(&keys, &[P], &allowed(0, 100_000), 5_000, Some(refresh));
         match waiting.await.unwrap() {
             Consult::Denied(d) => assert_eq!(d.limits[0].wait_us, 100_000),
             _ => panic!("the waiting request is answered from the cache"),
@@ -383,8 +402,7 @@ mod tests {
             .collect();
         tokio::task::yield_now().await;
         // Admitted with the next token due at once: the noted denial has run out already.
-        cache.note(&keys, &[P], &allowed(0, 1), 4_000);
-        drop(refresh);
+        cache.note(&keys, &[P], &allowed(0, 1), 4_000, Some(refresh));
         let mut leaders = 0;
         for w in waiters {
             if let Consult::Ask(Some(r)) = w.await.unwrap() {

@@ -90,7 +90,7 @@ impl<L: Limiter> RateLimitProxy<L> {
         };
         let result = self.limiter.check(&draw.buckets()).await;
         match (&result, refresh) {
-            (Ok(d), _) => cache.note(&draw.keys, &draw.params, d, now()),
+            (Ok(d), refresh) => cache.note(&draw.keys, &draw.params, d, now(), refresh),
             (Err(_), Some(refresh)) => refresh.failed(),
             (Err(_), None) => {}
         }
