@@ -120,6 +120,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# shellcheck source=bench/lib.sh
+source "$repo/bench/lib.sh"
+
 # start NAME CMD...: runs CMD in the background, output to $work/NAME.log.
 start() {
     local name=$1; shift
@@ -128,52 +131,9 @@ start() {
     echo "$!" >"$work/$name.pid"
 }
 
-# A free port not handed out before, in $REPLY (not echoed: a subshell would lose the record).
-handed_out=" "
-free_port() {
-    local p
-    while :; do
-        p=$((20000 + RANDOM % 12000))
-        [[ $handed_out == *" $p "* ]] && continue
-        [[ -z $(ss -Htan "sport = :$p") ]] || continue
-        handed_out+="$p "
-        REPLY=$p
-        return
-    done
-}
-
-wait_until() {
-    local limit=$1 what=$2; shift 2
-    local deadline=$((SECONDS + limit))
-    until "$@" >/dev/null 2>&1; do
-        ((SECONDS < deadline)) || die "timed out after ${limit}s waiting for $what"
-        sleep 0.05
-    done
-}
-
 # --- build -------------------------------------------------------------------------------------
 
-if [[ $REV == worktree ]]; then
-    src=$repo build_dir=$target_dir
-    measured="working tree on $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src lua Cargo.toml Cargo.lock || echo ', with uncommitted changes to the code')"
-else
-    commit=$(git rev-parse --verify --quiet "$REV^{commit}") || die "REV=$REV is not a commit"
-    # A fixed path inside the build output (a fresh path per run would rebuild from scratch), and
-    # a target dir of its own: cargo names a root package's artifacts by its path relative to the
-    # workspace, which is the same for the snapshot and the checkout, so in a shared target dir
-    # each build would take the other's for up to date.
-    src=$target_dir/compare/src build_dir=$target_dir/compare/target
-    if [[ $(cat "$src/.commit" 2>/dev/null) != "$commit" ]]; then
-        rm -rf "$src"
-        mkdir -p "$src"
-        git archive "$commit" | tar -x -C "$src"
-        echo "$commit" >"$src/.commit"
-    fi
-    measured="commit $(git rev-parse --short "$commit") ($(git log -1 --format=%s "$commit"))"
-fi
-log "building $measured (release; the first build of a snapshot takes minutes) ..."
-(cd "$src" && CARGO_TARGET_DIR=$build_dir cargo build --release --bin ratelimit-proxy) \
-    >"$work/build.log" 2>&1 || die "build failed: $(tail -20 "$work/build.log")"
+build_rev compare --bin ratelimit-proxy
 # A private copy: another build in the same target dir may replace the binary mid-run.
 cp "$build_dir/release/ratelimit-proxy" "$work/ratelimit-proxy"
 proxy_bin=$work/ratelimit-proxy

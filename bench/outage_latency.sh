@@ -53,7 +53,6 @@ out=${OUT:-bench/results/outage_latency.md}
 lua=bench/latency.lua
 REV=${REV:-HEAD}
 target_dir=${CARGO_TARGET_DIR:-$repo/target}
-bin_dir=$target_dir/release
 
 die() { echo "outage_latency: $*" >&2; exit 1; }
 log() { echo "[$(date +%T)] $*" >&2; }
@@ -93,37 +92,15 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# shellcheck source=bench/lib.sh
+source "$repo/bench/lib.sh"
+
 # start NAME CMD...: runs CMD in the background, output to $work/NAME.log; its PID in $REPLY.
 start() {
     local name=$1; shift
     "$@" >"$work/$name.log" 2>&1 </dev/null &
     REPLY=$!
     pids+=("$REPLY")
-}
-
-# A port that no socket uses now and that this script has not handed out; in $REPLY (not
-# echoed: a command substitution's subshell would lose the record of handed-out ports).
-handed_out=" "
-free_port() {
-    local p
-    while :; do
-        p=$((20000 + RANDOM % 12000))
-        [[ $handed_out == *" $p "* ]] && continue
-        [[ -z $(ss -Htan "sport = :$p") ]] || continue
-        handed_out+="$p "
-        REPLY=$p
-        return
-    done
-}
-
-# wait_until SECONDS WHAT CMD...: polls CMD every 50 ms.
-wait_until() {
-    local limit=$1 what=$2; shift 2
-    local deadline=$((SECONDS + limit))
-    until "$@" >/dev/null 2>&1; do
-        ((SECONDS < deadline)) || die "timed out after ${limit}s waiting for $what"
-        sleep 0.05
-    done
 }
 
 now_ms() { date +%s%3N; }
@@ -349,27 +326,8 @@ $seeds"
 
 # --- main --------------------------------------------------------------------------------------
 
-if [[ $REV == worktree ]]; then
-    src=$repo
-    measured="working tree on $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src lua Cargo.toml Cargo.lock || echo ', with uncommitted changes to the code')"
-else
-    commit=$(git rev-parse --verify --quiet "$REV^{commit}") || die "REV=$REV is not a commit"
-    # A fixed path, inside the build output: cargo keys the crate's artifacts by its source path,
-    # so a fresh path per run would pile up another copy of the binary in the target dir each
-    # time, and rebuild from scratch; the same commit is not even re-extracted.
-    src=$target_dir/outage_latency/src
-    if [[ $(cat "$src/.commit" 2>/dev/null) != "$commit" ]]; then
-        rm -rf "$src"
-        mkdir -p "$src"
-        git archive "$commit" | tar -x -C "$src"
-        echo "$commit" >"$src/.commit"
-    fi
-    measured="commit $(git rev-parse --short "$commit") ($(git log -1 --format=%s "$commit"))"
-fi
-log "building $measured (release; waits if another cargo holds the target dir) ..."
-(cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release --bin ratelimit-proxy --example demo_upstream) \
-    >"$work/build.log" 2>&1 || die "build failed: $(tail -20 "$work/build.log")"
-
+build_rev outage_latency --bin ratelimit-proxy --example demo_upstream
+bin_dir=$build_dir/release
 upstream_bin=$bin_dir/examples/demo_upstream
 free_port; UPSTREAM_ADDR=127.0.0.1:$REPLY
 start upstream "$upstream_bin" "$UPSTREAM_ADDR"
