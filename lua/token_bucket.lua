@@ -8,12 +8,15 @@
 --          num       units the bucket gains per microsecond (the rate is num/scale tokens per µs)
 --          cost      whole tokens this request takes
 --
--- Reply: { allowed, then for each limit i: ok, remaining, reset_us, wait_us }, integers only:
+-- Reply: { allowed, then for each limit i: held, lag_us, bad }, integers only:
 --   allowed    1 when every bucket had `cost` tokens and all were taken, 0 when none was taken
---   ok         1 when this bucket alone had enough
---   remaining  whole tokens left (after this request when allowed, untouched when not)
---   reset_us   until the bucket is full again (0 when full)
---   wait_us    when ok: until the next whole token (0 when full); when not ok: until `cost` is there
+--   held       units the bucket holds: after this request when allowed, refilled but untouched when not
+--   lag_us     how far the bucket's instant is ahead of `now` (0 unless another proxy's clock runs
+--              ahead): it refills from now + lag_us on
+--   bad        1 when the key held something that is not a bucket (another type, missing or
+--              non-numeric fields): it was deleted and read as a full bucket, so it is limited again
+-- The caller derives what clients see (remaining, reset, retry) from `held` with the same
+-- arithmetic as the in-memory store (src/limiter/bucket.rs), so the two cannot disagree.
 --
 -- State: a hash per bucket, v = units held, t = the microsecond v was computed for, s = the scale v
 -- is in. Units are exact integers: refill adds (elapsed µs × num) units, so no rounding is ever
@@ -45,8 +48,17 @@ if not now then
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 end
 
+-- A whole number in 0..2^53, or nil: what a field written by this script holds.
+local function whole(x)
+  local n = tonumber(x)
+  if n ~= nil and n >= 0 and n <= 9007199254740992 and n == math.floor(n) then
+    return n
+  end
+  return nil
+end
+
 local n = #KEYS
-local v, t, cap, scale, num, cost = {}, {}, {}, {}, {}, {}
+local v, t, cap, scale, num, cost, bad = {}, {}, {}, {}, {}, {}, {}
 local allowed = 1
 
 for i = 1, n do
@@ -56,9 +68,29 @@ for i = 1, n do
   num[i] = tonumber(ARGV[a + 2])
   cost[i] = tonumber(ARGV[a + 3]) * scale[i]
 
-  local state = redis.call('HMGET', KEYS[i], 'v', 't', 's')
-  local held, at, was = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
-  if held == nil or at == nil then
+  -- pcall: a key of another type answers WRONGTYPE, which must heal the key, not fail every
+  -- decision of this client forever.
+  local state = redis.pcall('HMGET', KEYS[i], 'v', 't', 's')
+  local held, at, was
+  bad[i] = 0
+  if state.err then
+    bad[i] = 1
+  elseif not state[1] and not state[2] and not state[3] then
+    -- No bucket here: a new client, or a hash of something else (checked only then).
+    if redis.call('EXISTS', KEYS[i]) == 1 then
+      bad[i] = 1
+    end
+  else
+    held, at, was = whole(state[1]), whole(state[2]), whole(state[3])
+    if held == nil or at == nil or (state[3] and (was == nil or was == 0)) then
+      bad[i] = 1
+    end
+  end
+  if bad[i] == 1 then
+    redis.call('DEL', KEYS[i])
+    held, at, was = nil, nil, nil
+  end
+  if held == nil then
     held, at = cap[i], now
   elseif was ~= nil and was ~= scale[i] then
     held = rescale(held, was, scale[i])
@@ -88,10 +120,6 @@ end
 
 local reply = { allowed }
 for i = 1, n do
-  local ok = 1
-  if v[i] < cost[i] then
-    ok = 0
-  end
   if allowed == 1 then
     v[i] = v[i] - cost[i]
     local fill_us = math.ceil((cap[i] - v[i]) / num[i])
@@ -100,20 +128,8 @@ for i = 1, n do
     redis.call('HSET', KEYS[i], 'v', string.format('%.0f', v[i]), 't', string.format('%.0f', t[i]), 's', scale[i])
     redis.call('PEXPIRE', KEYS[i], math.ceil(fill_us / 1000) + 1000)
   end
-  local whole = math.floor(v[i] / scale[i])
-  local reset_us = 0
-  if v[i] < cap[i] then
-    reset_us = math.ceil((cap[i] - v[i]) / num[i])
-  end
-  local wait_us = 0
-  if ok == 0 then
-    wait_us = math.ceil((cost[i] - v[i]) / num[i])
-  elseif v[i] < cap[i] then
-    wait_us = math.ceil(((whole + 1) * scale[i] - v[i]) / num[i])
-  end
-  reply[#reply + 1] = ok
-  reply[#reply + 1] = whole
-  reply[#reply + 1] = reset_us
-  reply[#reply + 1] = wait_us
+  reply[#reply + 1] = v[i]
+  reply[#reply + 1] = t[i] - now
+  reply[#reply + 1] = bad[i]
 end
 return reply

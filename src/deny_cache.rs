@@ -2,10 +2,15 @@
 //!
 //! A token bucket that denies a request keeps denying that request until its retry instant,
 //! whatever other proxies do: they can only take tokens, never add them. So a denial can be
-//! remembered and repeated locally, with the same 429 and headers (`Retry-After` counting down),
-//! until that instant, and an exhausted client hammering the proxy costs Redis nothing. The same
-//! holds after an admission that left fewer tokens than the request costs: the next such request
-//! is denied until the next token, so that admission is remembered as the denial it implies.
+//! remembered and repeated locally until that instant, and an exhausted client hammering the proxy
+//! costs Redis nothing. The same holds after an admission that left fewer tokens than the request
+//! costs: the next such request is denied until the cost is back, so that admission is remembered
+//! as the denial it implies.
+//!
+//! What is remembered is the buckets' exact state (units held, from the store's reply), not the
+//! answer: each repeated denial is worked out again by the in-memory store's own arithmetic
+//! (`bucket::peek`), so `Remaining` counts up and `Retry-After` down exactly as that store's would,
+//! for any cost.
 //!
 //! When a remembered denial runs out, every connection of the client waiting on it would miss at
 //! the same instant and ask Redis at once. Instead the first one asks, and the others wait for its
@@ -18,7 +23,8 @@
 //! is never earlier than Redis's own (it may be later by one round trip). The cache is bounded;
 //! when a shard is full of live denials, a new one is simply not remembered.
 
-use crate::limiter::{BucketParams, Decision, LimitState};
+use crate::limiter::bucket::{denied_until, peek, State};
+use crate::limiter::{BucketParams, Decision};
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Mutex;
@@ -30,8 +36,9 @@ const SHARDS: usize = 16;
 struct Denial {
     keys: Vec<String>,
     params: Vec<BucketParams>,
-    decision: Decision,
-    decided_at: u64,
+    /// The buckets as the store reported them, on this proxy's clock.
+    states: Vec<State>,
+    /// When every bucket holds its cost again: the store must be asked from then on.
     until: u64,
     /// Once expired: the request asking Redis again, which the others wait for.
     refresh: Option<watch::Receiver<bool>>,
@@ -139,31 +146,29 @@ impl DenyCache {
             shard.remove(first);
             return Lookup::Miss;
         }
-        if now >= denial.until {
-            if let Some(done) = &denial.refresh {
-                // Still being asked for (the sender lives until the answer is noted).
-                if done.has_changed().is_ok() {
-                    return Lookup::Wait(done.clone());
-                }
+        if now < denial.until {
+            let decision = peek(now, &denial.params, &denial.states);
+            if !decision.allowed {
+                return Lookup::Denied(decision);
             }
-            let (tx, rx) = watch::channel(false);
-            denial.refresh = Some(rx);
-            return Lookup::Lead(Refresh { done: tx });
         }
-        let elapsed = now.saturating_sub(denial.decided_at);
-        let mut decision = denial.decision.clone();
-        for limit in &mut decision.limits {
-            limit.reset_us = limit.reset_us.saturating_sub(elapsed);
-            limit.wait_us = limit.wait_us.saturating_sub(elapsed);
+        // The cost is back by now: the store must say whether another proxy took it.
+        if let Some(done) = &denial.refresh {
+            // Still being asked for (the sender lives until the answer is noted).
+            if done.has_changed().is_ok() {
+                return Lookup::Wait(done.clone());
+            }
         }
-        Lookup::Denied(decision)
+        let (tx, rx) = watch::channel(false);
+        denial.refresh = Some(rx);
+        Lookup::Lead(Refresh { done: tx })
     }
 
-    /// Notes what the store decided at `now` for these keys: a denial is remembered until its
-    /// retry instant; an admission that left some bucket short of another request's cost is
-    /// remembered as the denial of the next one, until the next token. `refresh` is this
-    /// request's, when it asked for others: any other admission then forgets the expired denial,
-    /// and the waiting requests wake (when it drops, at the end) to what was noted.
+    /// Notes what the store decided at `now` for these keys: remembered while it implies that a
+    /// request like this one is denied (a denial, or an admission that left some bucket short of
+    /// the cost), until the cost is back. `refresh` is this request's, when it asked for others:
+    /// an answer that implies nothing then forgets the expired denial, and the waiting requests
+    /// wake (when it drops, at the end) to what was noted.
     pub fn note(
         &self,
         keys: &[String],
@@ -173,18 +178,27 @@ impl DenyCache {
         refresh: Option<Refresh>,
     ) {
         let Some(first) = keys.first() else { return };
-        let Some(denial) = next_denied(params, decision) else {
+        // Checked before anything is copied: most admissions leave enough, and imply nothing.
+        let short = decision
+            .limits
+            .iter()
+            .zip(params)
+            .any(|(l, p)| l.held < p.cost * p.scale);
+        if !short {
             // Only a refreshed entry can be here to forget: any other request with these keys
             // was answered from the cache.
             if refresh.is_some() {
                 self.shard(first).remove(first);
             }
             return;
-        };
-        let until = now + denial.retry_after_us();
-        if until <= now {
-            return;
         }
+        let states: Vec<State> = decision
+            .limits
+            .iter()
+            .zip(params)
+            .map(|(l, p)| l.state(now, p.scale))
+            .collect();
+        let until = denied_until(now, params, &states);
         let mut shard = self.shard(first);
         if shard.len() >= self.shard_cap && !shard.contains_key(first) {
             shard.retain(|_, d| d.until > now);
@@ -197,33 +211,12 @@ impl DenyCache {
             Denial {
                 keys: keys.to_vec(),
                 params: params.to_vec(),
-                decision: denial,
-                decided_at: now,
+                states,
                 until,
                 refresh: None,
             },
         );
     }
-}
-
-/// The denial the next request of the same shape gets, if `decision` implies one: `decision`
-/// itself when it is one; after an admission, the buckets left short of their cost are denied
-/// until their next whole token (a lower bound of their wait for the cost).
-fn next_denied(params: &[BucketParams], decision: &Decision) -> Option<Decision> {
-    if !decision.allowed {
-        return Some(decision.clone());
-    }
-    // Checked before copying: most admissions leave enough, and imply nothing.
-    let short = |(l, p): (&LimitState, &BucketParams)| l.remaining < p.cost;
-    if !decision.limits.iter().zip(params).any(short) {
-        return None;
-    }
-    let mut next = decision.clone();
-    next.allowed = false;
-    for (limit, p) in next.limits.iter_mut().zip(params) {
-        limit.ok = !short((limit, p));
-    }
-    Some(next)
 }
 
 #[cfg(test)]
@@ -239,28 +232,27 @@ mod tests {
         cost: 1,
     };
 
-    fn denied(wait_us: u64) -> Decision {
+    /// What the store answers for one bucket of `P` holding `held` units.
+    fn answer(allowed: bool, held: u64) -> Decision {
+        let state = State {
+            v: held,
+            t: 0,
+            scale: P.scale,
+        };
         Decision {
-            allowed: false,
-            limits: vec![LimitState {
-                ok: false,
-                remaining: 0,
-                reset_us: 3_000_000,
-                wait_us,
-            }],
+            allowed,
+            limits: vec![crate::limiter::bucket::report(0, &P, &state, allowed)],
         }
     }
 
+    /// Denied, the cost back in `wait_us`.
+    fn denied(wait_us: u64) -> Decision {
+        answer(false, P.scale - wait_us)
+    }
+
+    /// Admitted, `remaining` whole tokens left and the next one in `wait_us`.
     fn allowed(remaining: u64, wait_us: u64) -> Decision {
-        Decision {
-            allowed: true,
-            limits: vec![LimitState {
-                ok: true,
-                remaining,
-                reset_us: 3_000_000,
-                wait_us,
-            }],
-        }
+        answer(true, (remaining + 1) * P.scale - wait_us)
     }
 
     fn lookup(
@@ -312,6 +304,43 @@ mod tests {
         let two = BucketParams { cost: 2, ..P };
         cache.note(&keys, &[two], &allowed(1, 250_000), 0, None);
         assert!(lookup(&cache, &keys, &[two], 1).is_some());
+    }
+
+    #[test]
+    fn a_remembered_denial_counts_as_the_store_would_for_any_cost() {
+        // Capacity 10 at 1 token/s, cost 5: two admissions emptied the bucket.
+        let p = BucketParams {
+            capacity: 10,
+            cost: 5,
+            ..P
+        };
+        let cache = DenyCache::new(100, BUDGET);
+        let keys = vec!["rl:{a:1}:l".to_string()];
+        let empty = State {
+            v: 0,
+            t: 0,
+            scale: P.scale,
+        };
+        let admitted = Decision {
+            allowed: true,
+            limits: vec![crate::limiter::bucket::report(0, &p, &empty, true)],
+        };
+        cache.note(&keys, &[p], &admitted, 0, None);
+        for (now, remaining, wait) in [
+            (0, 0, 5_000_000),
+            (1_000_000, 1, 4_000_000),
+            (4_500_000, 4, 500_000),
+        ] {
+            let d = lookup(&cache, &keys, &[p], now).expect("denied until the cost is back");
+            let mut states = [Some(empty)];
+            let store = crate::limiter::bucket::evaluate(now, &[p], &mut states);
+            assert_eq!(d, store, "the in-memory store's answer at {now}");
+            assert_eq!(
+                (d.limits[0].remaining, d.limits[0].wait_us),
+                (remaining, wait)
+            );
+        }
+        assert!(lookup(&cache, &keys, &[p], 5_000_000).is_none());
     }
 
     #[test]

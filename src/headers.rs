@@ -195,6 +195,8 @@ mod tests {
             remaining,
             reset_us,
             wait_us,
+            held: 0,
+            lag_us: 0,
         }
     }
 

@@ -32,4 +32,5 @@ pub mod proxy;
 pub mod reload;
 pub mod route;
 pub mod server;
+pub mod throttle;
 pub mod upstream;

@@ -51,7 +51,14 @@ impl Outcome {
 }
 
 /// Error kinds, as `LimiterError::kind` spells them.
-const ERROR_KINDS: [&str; 4] = ["timeout", "connection", "script", "other"];
+const ERROR_KINDS: [&str; 6] = [
+    "timeout",
+    "connection",
+    "script",
+    "oom",
+    "bad_state",
+    "other",
+];
 
 #[derive(Clone)]
 pub struct Metrics {

@@ -33,69 +33,116 @@ impl State {
     }
 }
 
+/// `s` refilled up to `now`, in `p`'s units. A clock behind the stored instant refills nothing and
+/// never moves `t` back (another proxy's clock was ahead), so skew cannot credit an interval twice.
+fn refill(now: u64, p: &BucketParams, s: Option<State>) -> State {
+    let cap = p.capacity * p.scale;
+    let (mut held, mut at) = s.map_or((cap, now), |s| (s.rescaled(p), s.t));
+    if now > at {
+        let missing = cap.saturating_sub(held);
+        if missing > 0 {
+            let gained = u128::from(now - at) * u128::from(p.num);
+            held = if gained >= u128::from(missing) {
+                cap
+            } else {
+                held + gained as u64
+            };
+        }
+        at = now;
+    }
+    State {
+        v: held,
+        t: at,
+        scale: p.scale,
+    }
+}
+
+/// What one bucket reports at `now`, holding `s.v` units: after the request when it was allowed,
+/// untouched when not. `ok`: it held the request's cost.
+pub fn report(now: u64, p: &BucketParams, s: &State, ok: bool) -> LimitState {
+    let cap = p.capacity * p.scale;
+    let cost = p.cost * p.scale;
+    let whole = s.v / p.scale;
+    let wait_us = if !ok {
+        cost.saturating_sub(s.v).div_ceil(p.num)
+    } else if s.v < cap {
+        ((whole + 1) * p.scale - s.v).div_ceil(p.num)
+    } else {
+        0
+    };
+    LimitState {
+        ok,
+        remaining: whole,
+        reset_us: cap.saturating_sub(s.v).div_ceil(p.num),
+        wait_us,
+        held: s.v,
+        lag_us: s.t.saturating_sub(now),
+    }
+}
+
 /// Evaluates one request at `now`. `states[i]` is limit i's stored state (`None`: never seen or
 /// expired, a full bucket). When allowed, every state is replaced by its new value; when not,
 /// nothing changes.
 pub fn evaluate(now: u64, params: &[BucketParams], states: &mut [Option<State>]) -> Decision {
     debug_assert_eq!(params.len(), states.len());
-    let mut allowed = true;
-    let mut refilled = Vec::with_capacity(params.len());
-    for (p, s) in params.iter().zip(states.iter()) {
-        let cap = p.capacity * p.scale;
-        let (mut held, mut at) = s.map_or((cap, now), |s| (s.rescaled(p), s.t));
-        // A clock behind the stored instant refills nothing and never moves t back.
-        if now > at {
-            let missing = cap.saturating_sub(held);
-            if missing > 0 {
-                let gained = u128::from(now - at) * u128::from(p.num);
-                held = if gained >= u128::from(missing) {
-                    cap
-                } else {
-                    held + gained as u64
-                };
-            }
-            at = now;
+    let mut refilled: Vec<State> = params
+        .iter()
+        .zip(states.iter())
+        .map(|(p, s)| refill(now, p, *s))
+        .collect();
+    let decision = take(now, params, &mut refilled);
+    if decision.allowed {
+        for (slot, s) in states.iter_mut().zip(refilled) {
+            *slot = Some(s);
         }
-        if held < p.cost * p.scale {
-            allowed = false;
-        }
-        refilled.push(State {
-            v: held,
-            t: at,
-            scale: p.scale,
-        });
     }
+    decision
+}
 
-    let mut limits = Vec::with_capacity(params.len());
-    for ((p, s), slot) in params
+/// What a request at `now` would be told by buckets last seen as `states`, which are not changed:
+/// how a remembered denial is answered again. Only a denial means anything here; `allowed` says
+/// that the buckets may hold enough again, which only the store can tell.
+pub fn peek(now: u64, params: &[BucketParams], states: &[State]) -> Decision {
+    let mut refilled: Vec<State> = params
+        .iter()
+        .zip(states)
+        .map(|(p, s)| refill(now, p, Some(*s)))
+        .collect();
+    take(now, params, &mut refilled)
+}
+
+/// Takes every cost from the refilled buckets, or none.
+fn take(now: u64, params: &[BucketParams], refilled: &mut [State]) -> Decision {
+    let allowed = params
+        .iter()
+        .zip(refilled.iter())
+        .all(|(p, s)| s.v >= p.cost * p.scale);
+    let limits = params
         .iter()
         .zip(refilled.iter_mut())
-        .zip(states.iter_mut())
-    {
-        let cap = p.capacity * p.scale;
-        let cost = p.cost * p.scale;
-        let ok = s.v >= cost;
-        if allowed {
-            s.v -= cost;
-            *slot = Some(*s);
-        }
-        let whole = s.v / p.scale;
-        let reset_us = (cap - s.v).div_ceil(p.num);
-        let wait_us = if !ok {
-            (cost - s.v).div_ceil(p.num)
-        } else if s.v < cap {
-            ((whole + 1) * p.scale - s.v).div_ceil(p.num)
-        } else {
-            0
-        };
-        limits.push(LimitState {
-            ok,
-            remaining: whole,
-            reset_us,
-            wait_us,
-        });
-    }
+        .map(|(p, s)| {
+            let ok = s.v >= p.cost * p.scale;
+            if allowed {
+                s.v -= p.cost * p.scale;
+            }
+            report(now, p, s, ok)
+        })
+        .collect();
     Decision { allowed, limits }
+}
+
+/// The microsecond at which every bucket holds its cost again (`now` when they all do):
+/// until then a request like this one is denied, whatever other proxies do.
+pub fn denied_until(now: u64, params: &[BucketParams], states: &[State]) -> u64 {
+    params
+        .iter()
+        .zip(states)
+        .map(|(p, s)| {
+            let s = refill(now, p, Some(*s));
+            s.t + (p.cost * p.scale).saturating_sub(s.v).div_ceil(p.num)
+        })
+        .max()
+        .unwrap_or(now)
 }
 
 #[cfg(test)]
@@ -126,7 +173,9 @@ mod tests {
                 ok: false,
                 remaining: 0,
                 reset_us: 3_000_000,
-                wait_us: 1_000_000
+                wait_us: 1_000_000,
+                held: 0,
+                lag_us: 0,
             }
         );
         // 999,999 µs later: still not a whole token.
@@ -139,7 +188,9 @@ mod tests {
                 ok: true,
                 remaining: 0,
                 reset_us: 3_000_000,
-                wait_us: 1_000_000
+                wait_us: 1_000_000,
+                held: 0,
+                lag_us: 0,
             }
         );
     }

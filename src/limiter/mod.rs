@@ -52,6 +52,23 @@ pub struct LimitState {
     pub reset_us: u64,
     /// When `ok`: until the next whole token (0 when full). Otherwise: until the cost is there.
     pub wait_us: u64,
+    /// Units of `1/scale` token held: the exact state the numbers above are rounded from, so a
+    /// remembered decision can be answered again later (`deny_cache`).
+    pub held: u64,
+    /// How far ahead of this decision's clock the bucket was last written (by a proxy whose clock
+    /// runs ahead): it refills only from then. 0 but under clock skew.
+    pub lag_us: u64,
+}
+
+impl LimitState {
+    /// The bucket as of `now` on the clock this decision was made by.
+    pub fn state(&self, now: u64, scale: u64) -> bucket::State {
+        bucket::State {
+            v: self.held,
+            t: now + self.lag_us,
+            scale,
+        }
+    }
 }
 
 /// The outcome of one request against all of its route's limits, in the route's limit order.
@@ -108,6 +125,9 @@ pub enum LimiterError {
     Connection(String),
     #[error("script: {0}")]
     Script(String),
+    /// Redis is at `maxmemory` with no eviction: it refuses the writes a decision needs.
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
     #[error("{0}")]
     Other(String),
     /// Not called: the circuit breaker knows the store is down.
@@ -122,6 +142,7 @@ impl LimiterError {
             LimiterError::Timeout(_) => "timeout",
             LimiterError::Connection(_) => "connection",
             LimiterError::Script(_) => "script",
+            LimiterError::OutOfMemory(_) => "oom",
             LimiterError::Other(_) => "other",
             LimiterError::Unavailable => "unavailable",
         }

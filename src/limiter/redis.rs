@@ -8,10 +8,12 @@
 //! for Redis far longer; and a circuit breaker stops calling a Redis that is known to be down.
 
 use super::breaker::{Admission, Breaker, BreakerState, Transition};
-use super::{Bucket, Decision, LimitState, Limiter, LimiterError};
+use super::bucket::{report, State};
+use super::{Bucket, Decision, Limiter, LimiterError};
 use crate::clock::Clock;
 use crate::config::RedisTarget;
 use crate::metrics::Metrics;
+use crate::throttle::Throttle;
 use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -99,6 +101,19 @@ pub struct RedisLimiter {
     clock: Option<Box<dyn Clock>>,
     metrics: Metrics,
     breaker: Breaker,
+    /// Poisoned keys: a warning per key per minute.
+    bad_keys: Throttle,
+    /// Errors that are not about reaching Redis (script, out of memory): a warning per kind per
+    /// 10 s. Reachability has the breaker's own lines.
+    errors: Throttle,
+}
+
+/// ", and N more since the last line this <period>" when something was not logged.
+fn since(more: u64, period: &str) -> String {
+    match more {
+        0 => String::new(),
+        n => format!(" ({n} more times in the last {period})"),
+    }
 }
 
 impl RedisLimiter {
@@ -182,6 +197,8 @@ impl RedisLimiter {
             clock,
             metrics,
             breaker: Breaker::default(),
+            bad_keys: Throttle::new(Duration::from_secs(60)),
+            errors: Throttle::new(Duration::from_secs(10)),
         })
     }
 
@@ -268,7 +285,23 @@ impl RedisLimiter {
                 }
             }
         };
-        parse_reply(&reply, buckets.len())
+        let (decision, bad) = parse_reply(&reply, buckets)?;
+        for i in bad {
+            self.bad_state(buckets[i].key);
+        }
+        Ok(decision)
+    }
+
+    /// A bucket key held something else (written by another program, or a format this version
+    /// does not read). The script rewrote it; the operator should know something else writes there.
+    fn bad_state(&self, key: &str) {
+        self.metrics.redis_error("bad_state");
+        if let Some(more) = self.bad_keys.note(key, Instant::now()) {
+            log::warn!(
+                "redis: key {key} held something other than a bucket; rewritten as a full bucket{}",
+                since(more, "minute")
+            );
+        }
     }
 
     /// The current primary's connection, asking the sentinels when there is none.
@@ -360,6 +393,13 @@ impl Limiter for RedisLimiter {
                 let transition = if e.is_transient() {
                     self.breaker.failure(started, Instant::now())
                 } else {
+                    if let Some(more) = self.errors.note(e.kind(), Instant::now()) {
+                        log::warn!(
+                            "redis: a decision failed ({}): {e}{}",
+                            e.kind(),
+                            since(more, "10 s")
+                        );
+                    }
                     self.breaker.success()
                 };
                 self.note(transition);
@@ -420,6 +460,8 @@ fn classify(e: RedisError) -> LimiterError {
         || e.is_cluster_error()
     {
         LimiterError::Connection(e.to_string())
+    } else if e.code() == Some("OOM") {
+        LimiterError::OutOfMemory(e.to_string())
     } else if matches!(
         e.kind(),
         redis::ErrorKind::Server(_)
@@ -433,55 +475,91 @@ fn classify(e: RedisError) -> LimiterError {
     }
 }
 
-/// `{allowed, then ok, remaining, reset_us, wait_us per limit}`, as the script's header says.
-fn parse_reply(reply: &[i64], limits: usize) -> Result<Decision, LimiterError> {
-    if reply.len() != 1 + 4 * limits || reply.iter().any(|n| *n < 0) {
+/// A decision from the script's reply `{allowed, then held, lag_us, bad per limit}` (see its
+/// header): what clients see is derived with the in-memory store's own arithmetic. Also returns the
+/// buckets whose key held something else and was rewritten.
+pub fn parse_reply(
+    reply: &[i64],
+    buckets: &[Bucket<'_>],
+) -> Result<(Decision, Vec<usize>), LimiterError> {
+    if reply.len() != 1 + 3 * buckets.len() || reply.iter().any(|n| *n < 0) {
         return Err(LimiterError::Script(format!(
-            "unexpected reply {reply:?} for {limits} limits"
+            "unexpected reply {reply:?} for {} limits",
+            buckets.len()
         )));
     }
+    let allowed = reply[0] == 1;
+    let mut bad = Vec::new();
     let limits = reply[1..]
-        .chunks_exact(4)
-        .map(|c| LimitState {
-            ok: c[0] == 1,
-            remaining: c[1] as u64,
-            reset_us: c[2] as u64,
-            wait_us: c[3] as u64,
+        .chunks_exact(3)
+        .zip(buckets)
+        .enumerate()
+        .map(|(i, (c, b))| {
+            if c[2] == 1 {
+                bad.push(i);
+            }
+            let p = &b.params;
+            // Relative to the decision's own instant, which the reply leaves out: only the lag
+            // matters.
+            let state = State {
+                v: c[0] as u64,
+                t: c[1] as u64,
+                scale: p.scale,
+            };
+            report(0, p, &state, allowed || state.v >= p.cost * p.scale)
         })
         .collect();
-    Ok(Decision {
-        allowed: reply[0] == 1,
-        limits,
-    })
+    Ok((Decision { allowed, limits }, bad))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const P: super::super::BucketParams = super::super::BucketParams {
+        capacity: 10,
+        scale: 1_000_000,
+        num: 1,
+        cost: 5,
+    };
+
     #[test]
     fn parses_the_reply_the_script_documents() {
-        let d = parse_reply(&[0, 1, 5, 100, 10, 0, 0, 2_000, 1_000], 2).unwrap();
+        let buckets = [
+            Bucket {
+                key: "a",
+                params: P,
+            },
+            Bucket {
+                key: "b",
+                params: P,
+            },
+        ];
+        // Denied: the first bucket had 7 tokens, the second 3 and its clock was 2 µs behind.
+        let (d, bad) = parse_reply(&[0, 7_000_000, 0, 0, 3_000_000, 2, 1], &buckets).unwrap();
         assert!(!d.allowed);
+        assert_eq!(bad, [1]);
+        let b = d.limits[1];
+        assert!(!b.ok);
         assert_eq!(
-            d.limits[1],
-            LimitState {
-                ok: false,
-                remaining: 0,
-                reset_us: 2_000,
-                wait_us: 1_000
-            }
+            (b.remaining, b.reset_us, b.wait_us, b.held, b.lag_us),
+            (3, 7_000_000, 2_000_000, 3_000_000, 2)
         );
+        assert!(d.limits[0].ok);
     }
 
     #[test]
     fn rejects_a_reply_of_the_wrong_shape() {
+        let one = [Bucket {
+            key: "a",
+            params: P,
+        }];
         assert!(matches!(
-            parse_reply(&[1, 1, 5], 1),
+            parse_reply(&[1, 1, 5], &one),
             Err(LimiterError::Script(_))
         ));
         assert!(matches!(
-            parse_reply(&[1, 1, -5, 0, 0], 1),
+            parse_reply(&[1, 1, -5, 0], &one),
             Err(LimiterError::Script(_))
         ));
     }

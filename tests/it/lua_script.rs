@@ -43,7 +43,9 @@ fn refill_is_exact_to_the_microsecond() {
                 ok: false,
                 remaining: 0,
                 reset_us: 3_000_000,
-                wait_us: 1_000_000
+                wait_us: 1_000_000,
+                held: 0,
+                lag_us: 0,
             }]
         }
     );
@@ -162,7 +164,16 @@ fn redis_time_is_used_when_no_clock_is_given() {
     let Value::Array(items) = s.raw(&["k"], None, &[per_second(5, 1)]) else {
         panic!()
     };
-    assert_eq!(items[..3], [Value::Int(1), Value::Int(1), Value::Int(4)]);
+    // Admitted; 4 of 5 tokens left (in units of a millionth), no lag, a sound key.
+    assert_eq!(
+        items,
+        [
+            Value::Int(1),
+            Value::Int(4_000_000),
+            Value::Int(0),
+            Value::Int(0)
+        ]
+    );
     let t: String = s.redis.cmd(&["HGET", "k", "t"]);
     let now_us = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -211,5 +222,55 @@ fn the_script_and_the_rust_mirror_agree_step_for_step() {
         let lua = s.eval(&keys, now, &params);
         let rust = evaluate(now, &params, &mut states);
         assert_eq!(lua, rust, "step {step} at t+{} µs", now - T0);
+    }
+}
+
+/// A bucket key that holds anything but a bucket (another program's value, a half-migrated format)
+/// must not make its client unlimited (fail-open) or refused forever (fail-closed): the script
+/// rewrites it as a full bucket, gives it a TTL, says so, and the limit holds from that request on.
+#[test]
+fn a_key_that_holds_something_else_is_rewritten_and_the_limit_holds() {
+    let s = Script::load();
+    let p = per_second(3, 1);
+    let poisons: [&[&str]; 7] = [
+        &["SET", "k", "not a bucket"],
+        &["LPUSH", "k", "a", "b"],
+        &["HSET", "k", "owner", "someone else"],
+        &["HSET", "k", "v", "many", "t", "1", "s", "1000000"],
+        &["HSET", "k", "v", "1000000"],
+        &["HSET", "k", "v", "-5", "t", "1800000000000000"],
+        &["HSET", "k", "v", "1", "t", "1800000000000000", "s", "0"],
+    ];
+    for poison in poisons {
+        let _: () = s.redis.cmd(&["FLUSHALL"]);
+        let _: redis::Value = s.redis.cmd(poison);
+        let Value::Array(reply) = s.raw(&["k"], Some(T0), &[p]) else {
+            panic!("{poison:?}: not an array")
+        };
+        assert_eq!(
+            reply,
+            [
+                Value::Int(1),
+                Value::Int(2_000_000),
+                Value::Int(0),
+                Value::Int(1)
+            ],
+            "{poison:?}: admitted from a full bucket, the key reported as bad"
+        );
+        let fields: Vec<String> = s.redis.cmd(&["HKEYS", "k"]);
+        assert_eq!(
+            fields,
+            ["v", "t", "s"],
+            "{poison:?}: rewritten from scratch"
+        );
+        let ttl: i64 = s.redis.cmd(&["PTTL", "k"]);
+        assert!(ttl > 0, "{poison:?}: the key expires again ({ttl})");
+        let d = s.eval(&["k"], T0, &[p]);
+        assert_eq!(d.limits[0].remaining, 1, "{poison:?}: a bucket again");
+        assert!(s.eval(&["k"], T0, &[p]).allowed);
+        assert!(
+            !s.eval(&["k"], T0, &[p]).allowed,
+            "{poison:?}: the limit holds"
+        );
     }
 }

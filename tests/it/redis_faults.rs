@@ -183,3 +183,85 @@ fn exactly_one_evalsha_per_decision() {
         11.0
     );
 }
+
+/// Something else wrote the client's bucket key (another type, a format this proxy cannot read).
+/// The client is limited again at once (not let through on a fail-open route), the key gets a TTL,
+/// and the operator hears of it: counted every time, logged once per key per minute.
+#[test]
+fn a_poisoned_bucket_key_heals_and_is_reported_once() {
+    let mut s = setup();
+    let key = "rl:{open:127.0.0.1}:l";
+    for round in 1..=2 {
+        let _: () = s.redis().cmd(&["SET", key, "written by someone else"]);
+        let r = s.proxy.get("/open", &[]);
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(
+            r.header("x-ratelimit-remaining"),
+            Some("99"),
+            "round {round}: decided from a full bucket, not failed open: {r:?}"
+        );
+        let ttl: i64 = s.redis().cmd(&["PTTL", key]);
+        assert!(ttl > 0, "round {round}: the key expires again ({ttl})");
+        assert_eq!(
+            s.proxy.get("/open", &[]).header("x-ratelimit-remaining"),
+            Some("98"),
+            "round {round}: the bucket counts again"
+        );
+        assert_eq!(
+            s.proxy
+                .metric("ratelimit_redis_errors_total{kind=\"bad_state\"}"),
+            f64::from(round)
+        );
+    }
+    assert_eq!(s.proxy.decisions("open", "fail_open"), 0);
+    let warnings = s
+        .proxy
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains(key))
+        .count();
+    assert_eq!(
+        warnings,
+        1,
+        "once per key per minute:\n{}",
+        s.proxy.stderr()
+    );
+}
+
+/// Redis at `maxmemory` with `noeviction` refuses every write a decision needs. Each route follows
+/// its `on_redis_error`, every failure is counted as `oom`, and the log says so once, not once per
+/// request.
+#[test]
+fn redis_out_of_memory_is_counted_and_logged_once() {
+    let mut s = setup();
+    assert_eq!(s.proxy.get("/open", &[]).status, 200);
+    let _: () = s
+        .redis()
+        .cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    let _: () = s.redis().cmd(&["CONFIG", "SET", "maxmemory", "1"]);
+    for _ in 0..20 {
+        let r = s.proxy.get("/open", &[("x-client", "new")]);
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    assert_eq!(s.proxy.get("/closed", &[]).status, 503);
+    assert_eq!(s.proxy.decisions("open", "fail_open"), 20);
+    assert_eq!(
+        s.proxy.metric("ratelimit_redis_errors_total{kind=\"oom\"}"),
+        21.0
+    );
+    let log = s.proxy.stderr();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("oom"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    assert!(
+        lines[0].contains("maxmemory"),
+        "the line says why: {}",
+        lines[0]
+    );
+
+    let _: () = s.redis().cmd(&["CONFIG", "SET", "maxmemory", "0"]);
+    let r = s.proxy.get("/open", &[]);
+    assert!(r.has_ratelimit_headers(), "decided again: {r:?}");
+}

@@ -26,6 +26,8 @@ fn a_least_privilege_acl_user_with_its_password_from_the_environment() {
         "+hset",
         "+pexpire",
         "+time",
+        "+exists",
+        "+del",
     ]);
     let upstream = Upstream::start();
     let config = |url: &str| {

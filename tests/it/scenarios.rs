@@ -75,6 +75,7 @@ every_backend!(
     two_keys_do_not_interfere,
     the_tighter_of_two_limits_decides,
     cost_above_one,
+    retry_after_is_the_wait_for_the_whole_cost,
     unmatched_requests_get_404_and_unlimited_routes_pass,
 );
 
@@ -250,6 +251,63 @@ fn cost_above_one(backend: Backend) {
         "one more token is a minute away"
     );
     assert_eq!(s.upstream.hits(), 2);
+}
+
+/// Cost 5 at 2 tokens/s: after two admissions the bucket is empty and the cost is 2.5 s away, not
+/// the next token's 0.5 s. While the client waits, every 429 (from Redis's deny cache or the
+/// in-memory store alike) counts `Remaining` up and `Retry-After` down, and the request is admitted
+/// again no later than the instant the first 429 gave.
+fn retry_after_is_the_wait_for_the_whole_cost(backend: Backend) {
+    use std::time::{Duration, Instant};
+    let s = Setup::start(
+        backend,
+        "  - name: api\n    upstream: \"{upstream}\"\n    limits:\n      - { name: heavy, capacity: 10, refill: \"2/s\", cost: 5 }\n",
+    );
+    let started = Instant::now();
+    assert_eq!(s.proxy.get("/", &[]).status, 200);
+    assert_eq!(s.proxy.get("/", &[]).status, 200);
+    let first = s.proxy.get("/", &[]);
+    assert_eq!(first.status, 429, "{first:?}");
+    if started.elapsed() < Duration::from_millis(500) {
+        assert_eq!(
+            first.header("retry-after"),
+            Some("3"),
+            "2.5 s, rounded up: {first:?}"
+        );
+        assert_eq!(first.header("ratelimit"), Some("\"heavy\";r=0;t=3"));
+    }
+    let promised = Duration::from_secs(first.header("retry-after").unwrap().parse().unwrap());
+    let refused_at = Instant::now();
+    let (mut remaining, mut retry_after) = (0u64, u64::MAX);
+    let admitted = crate::support::wait_for("admission again", Duration::from_secs(10), || {
+        let r = s.proxy.get("/", &[]);
+        if r.status == 200 {
+            return Some(Instant::now());
+        }
+        assert_eq!(r.status, 429, "{r:?}");
+        let now: u64 = r.header("x-ratelimit-remaining").unwrap().parse().unwrap();
+        let wait: u64 = r.header("retry-after").unwrap().parse().unwrap();
+        assert!(
+            now >= remaining && now < 5,
+            "Remaining counts up to the cost: {remaining} then {r:?}"
+        );
+        assert!(
+            wait <= retry_after && wait >= 1,
+            "Retry-After counts down: {retry_after} then {r:?}"
+        );
+        (remaining, retry_after) = (now, wait);
+        None
+    });
+    assert!(
+        admitted.duration_since(started) >= Duration::from_millis(2_500),
+        "not before the whole cost was back"
+    );
+    assert!(
+        admitted.duration_since(refused_at) <= promised,
+        "admitted within the promised {promised:?}"
+    );
+    assert_eq!(remaining, 4, "the last 429s saw four tokens");
+    assert_eq!(s.upstream.hits(), 3);
 }
 
 fn unmatched_requests_get_404_and_unlimited_routes_pass(backend: Backend) {

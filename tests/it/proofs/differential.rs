@@ -215,7 +215,7 @@ fn replay(s: &Script, h: &History) -> Result<(), TestCaseError> {
             tx.cmd("PERSIST").arg(*key).ignore();
         }
         let replies: Vec<Value> = tx.query(&mut conn).expect("MULTI");
-        let lua = decision(&replies[0]);
+        let lua = decision(&replies[0], &params);
 
         clock.set(now);
         let buckets: Vec<Bucket<'_>> = keys

@@ -3,8 +3,8 @@
 //! can be compared with `bucket::evaluate` field for field.
 
 use super::redis::RedisServer;
-use ratelimit_proxy::limiter::redis::TOKEN_BUCKET_LUA;
-use ratelimit_proxy::limiter::{BucketParams, Decision, LimitState};
+use ratelimit_proxy::limiter::redis::{parse_reply, TOKEN_BUCKET_LUA};
+use ratelimit_proxy::limiter::{Bucket, BucketParams, Decision};
 use redis::Value;
 
 /// An instant in 2027, in µs: far from 0 and from 2^53 µs (year 2255), as real clocks are.
@@ -47,33 +47,31 @@ impl Script {
     }
 
     pub fn eval(&self, keys: &[&str], now: u64, limits: &[BucketParams]) -> Decision {
-        decision(&self.raw(keys, Some(now), limits))
+        decision(&self.raw(keys, Some(now), limits), limits)
     }
 }
 
-/// The script's reply as a `Decision`; panics unless every element is a non-negative integer.
-pub fn decision(reply: &Value) -> Decision {
+/// The script's reply as a `Decision`, read as the proxy reads it; panics unless every element is
+/// a non-negative integer and no key held anything but a bucket.
+pub fn decision(reply: &Value, limits: &[BucketParams]) -> Decision {
     let Value::Array(items) = reply else {
         panic!("not an array: {reply:?}")
     };
-    let n: Vec<u64> = items
+    let n: Vec<i64> = items
         .iter()
         .map(|v| match v {
-            Value::Int(i) => u64::try_from(*i).expect("non-negative"),
+            Value::Int(i) => *i,
             other => panic!("every reply element must be an integer, got {other:?}"),
         })
         .collect();
-    let limits = n[1..]
-        .chunks(4)
-        .map(|c| LimitState {
-            ok: c[0] == 1,
-            remaining: c[1],
-            reset_us: c[2],
-            wait_us: c[3],
+    let buckets: Vec<Bucket<'_>> = limits
+        .iter()
+        .map(|p| Bucket {
+            key: "",
+            params: *p,
         })
         .collect();
-    Decision {
-        allowed: n[0] == 1,
-        limits,
-    }
+    let (decision, bad) = parse_reply(&n, &buckets).unwrap_or_else(|e| panic!("{e}"));
+    assert!(bad.is_empty(), "keys {bad:?} held something else");
+    decision
 }
