@@ -19,7 +19,12 @@
 //! of spending their own budget on a store that just failed.
 //!
 //! An entry is only used for the same keys under the same limits: a reload that changes a limit
-//! invalidates its cached denials. The retry instant is counted from when the answer arrived, so it
+//! invalidates its cached denials. An admission takes tokens, so it makes whatever is remembered of
+//! its buckets stale: every entry that holds one of its keys is forgotten. (An entry is filed under
+//! each of its keys for that; requests find it under their first.) Admissions through other
+//! proxies cannot be seen: they make a remembered state optimistic (more tokens than Redis holds),
+//! so a cached denial can only be a true one, at worst with a `Retry-After` one of those
+//! admissions too short. The retry instant is counted from when the answer arrived, so it
 //! is never earlier than Redis's own (it may be later by one round trip). The cache is bounded;
 //! when a shard is full of live denials, a new one is simply not remembered.
 
@@ -27,7 +32,8 @@ use crate::limiter::bucket::{denied_until, peek, State};
 use crate::limiter::{BucketParams, Decision};
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -40,14 +46,23 @@ struct Denial {
     states: Vec<State>,
     /// When every bucket holds its cost again: the store must be asked from then on.
     until: u64,
-    /// Once expired: the request asking Redis again, which the others wait for.
+}
+
+/// One key's place: the denial it belongs to (found by its first key, forgotten by any).
+struct Slot {
+    denial: Arc<Denial>,
+    /// Once expired, in the first key's slot: the request asking Redis again, which the others
+    /// wait for.
     refresh: Option<watch::Receiver<bool>>,
 }
 
+type Shard = HashMap<String, Slot>;
+
 pub struct DenyCache {
-    /// By the first key of the request; the rest are compared on a hit.
-    shards: Vec<Mutex<HashMap<String, Denial>>>,
+    shards: Vec<Mutex<Shard>>,
     shard_cap: usize,
+    /// Slots held, so that an admission with nothing remembered costs no lock.
+    entries: AtomicUsize,
     /// The longest a request waits for another one's answer: the store's budget.
     wait_budget: Duration,
 }
@@ -88,11 +103,12 @@ impl DenyCache {
         DenyCache {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             shard_cap: (max_entries / SHARDS).max(1),
+            entries: AtomicUsize::new(0),
             wait_budget,
         }
     }
 
-    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, HashMap<String, Denial>> {
+    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, Shard> {
         let mut h = DefaultHasher::new();
         key.hash(&mut h);
         // Entries are replaced whole: a panic elsewhere cannot leave one half-written.
@@ -136,14 +152,17 @@ impl DenyCache {
             return Lookup::Miss;
         };
         let mut shard = self.shard(first);
-        let Some(denial) = shard.get_mut(first) else {
+        let Some(slot) = shard.get_mut(first) else {
             return Lookup::Miss;
         };
+        let denial = &slot.denial;
         if denial.keys != keys {
             return Lookup::Miss;
         }
         if denial.params != params {
-            shard.remove(first);
+            let stale = denial.clone();
+            drop(shard);
+            self.forget(&stale);
             return Lookup::Miss;
         }
         if now < denial.until {
@@ -153,22 +172,44 @@ impl DenyCache {
             }
         }
         // The cost is back by now: the store must say whether another proxy took it.
-        if let Some(done) = &denial.refresh {
+        if let Some(done) = &slot.refresh {
             // Still being asked for (the sender lives until the answer is noted).
             if done.has_changed().is_ok() {
                 return Lookup::Wait(done.clone());
             }
         }
         let (tx, rx) = watch::channel(false);
-        denial.refresh = Some(rx);
+        slot.refresh = Some(rx);
         Lookup::Lead(Refresh { done: tx })
+    }
+
+    /// Removes `denial` from the slot of each of its keys (those it still holds).
+    fn forget(&self, denial: &Arc<Denial>) {
+        for key in &denial.keys {
+            let mut shard = self.shard(key);
+            if shard
+                .get(key)
+                .is_some_and(|s| Arc::ptr_eq(&s.denial, denial))
+            {
+                shard.remove(key);
+                self.entries.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Forgets the denial filed under `key`, if any, under all of its keys.
+    fn forget_key(&self, key: &str) {
+        let found = self.shard(key).get(key).map(|s| s.denial.clone());
+        if let Some(denial) = found {
+            self.forget(&denial);
+        }
     }
 
     /// Notes what the store decided at `now` for these keys: remembered while it implies that a
     /// request like this one is denied (a denial, or an admission that left some bucket short of
-    /// the cost), until the cost is back. `refresh` is this request's, when it asked for others:
-    /// an answer that implies nothing then forgets the expired denial, and the waiting requests
-    /// wake (when it drops, at the end) to what was noted.
+    /// the cost), until the cost is back. An admission took tokens, so whatever was remembered of
+    /// these buckets is stale: it is forgotten first. `refresh` is this request's, when it asked
+    /// for others; the waiting requests wake (when it drops, at the end) to what was noted.
     pub fn note(
         &self,
         keys: &[String],
@@ -177,19 +218,24 @@ impl DenyCache {
         now: u64,
         refresh: Option<Refresh>,
     ) {
-        let Some(first) = keys.first() else { return };
-        // Checked before anything is copied: most admissions leave enough, and imply nothing.
+        // Dropped on return, once the answer it was waited for is noted: the waiters wake to it.
+        let _wake_waiters = refresh;
+        if keys.is_empty() {
+            return;
+        }
+        if decision.allowed && self.entries.load(Ordering::Relaxed) > 0 {
+            for key in keys {
+                self.forget_key(key);
+            }
+        }
+        // A denial always leaves some bucket short; most admissions leave enough, and imply
+        // nothing.
         let short = decision
             .limits
             .iter()
             .zip(params)
             .any(|(l, p)| l.held < p.cost * p.scale);
         if !short {
-            // Only a refreshed entry can be here to forget: any other request with these keys
-            // was answered from the cache.
-            if refresh.is_some() {
-                self.shard(first).remove(first);
-            }
             return;
         }
         let states: Vec<State> = decision
@@ -198,24 +244,47 @@ impl DenyCache {
             .zip(params)
             .map(|(l, p)| l.state(now, p.scale))
             .collect();
-        let until = denied_until(now, params, &states);
-        let mut shard = self.shard(first);
-        if shard.len() >= self.shard_cap && !shard.contains_key(first) {
-            shard.retain(|_, d| d.until > now);
-            if shard.len() >= self.shard_cap {
-                return;
+        let denial = Arc::new(Denial {
+            keys: keys.to_vec(),
+            params: params.to_vec(),
+            until: denied_until(now, params, &states),
+            states,
+        });
+        // Filed under every key, the first (where requests find it) last; whatever a slot held
+        // before is forgotten whole, since nothing would tell it apart from fresh any more.
+        for key in keys.iter().rev() {
+            let replaced = {
+                let mut shard = self.shard(key);
+                if shard.len() >= self.shard_cap && !shard.contains_key(key) {
+                    let before = shard.len();
+                    shard.retain(|_, s| s.denial.until > now);
+                    self.entries
+                        .fetch_sub(before - shard.len(), Ordering::Relaxed);
+                    if shard.len() >= self.shard_cap {
+                        // Full of live denials: this one is not remembered (filed under some of
+                        // its keys, it would still be forgotten by them; unreachable, it is
+                        // dropped when its slots are taken).
+                        return;
+                    }
+                }
+                let slot = Slot {
+                    denial: denial.clone(),
+                    refresh: None,
+                };
+                match shard.insert(key.clone(), slot) {
+                    None => {
+                        self.entries.fetch_add(1, Ordering::Relaxed);
+                        None
+                    }
+                    Some(old) if !Arc::ptr_eq(&old.denial, &denial) => Some(old.denial),
+                    Some(_) => None,
+                }
+            };
+            if let Some(old) = replaced {
+                // Its other slots; this one now holds the new denial.
+                self.forget(&old);
             }
         }
-        shard.insert(
-            first.clone(),
-            Denial {
-                keys: keys.to_vec(),
-                params: params.to_vec(),
-                states,
-                until,
-                refresh: None,
-            },
-        );
     }
 }
 
@@ -341,6 +410,32 @@ mod tests {
             );
         }
         assert!(lookup(&cache, &keys, &[p], 5_000_000).is_none());
+    }
+
+    #[test]
+    fn an_admission_forgets_what_was_remembered_of_its_buckets() {
+        let cache = DenyCache::new(100, BUDGET);
+        let (a, b) = ("rl:{r}:a".to_string(), "rl:{r}:b".to_string());
+        let both = vec![a.clone(), b.clone()];
+        let denied_on_b = Decision {
+            allowed: false,
+            limits: vec![allowed(2, 0).limits[0], denied(500_000).limits[0]],
+        };
+        cache.note(&both, &[P, P], &denied_on_b, 0, None);
+        assert!(lookup(&cache, &both, &[P, P], 1).is_some());
+        // A request that skipped limit b took a token from a: the remembered a is stale.
+        cache.note(std::slice::from_ref(&a), &[P], &allowed(1, 0), 2, None);
+        assert!(lookup(&cache, &both, &[P, P], 3).is_none());
+
+        // The same when the remembered set starts with another key.
+        cache.note(std::slice::from_ref(&b), &[P], &denied(500_000), 0, None);
+        let admitted = Decision {
+            allowed: true,
+            limits: vec![allowed(1, 0).limits[0], allowed(1, 0).limits[0]],
+        };
+        cache.note(&both, &[P, P], &admitted, 2, None);
+        assert!(lookup(&cache, &[b], &[P], 3).is_none());
+        assert_eq!(cache.entries.load(Ordering::Relaxed), 0);
     }
 
     #[test]

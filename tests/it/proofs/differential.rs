@@ -16,12 +16,18 @@ use crate::support::lua::{decision, Script, T0};
 use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::TestCaseError;
+use ratelimit_proxy::config::Config;
 use ratelimit_proxy::config::{Rate, EXACT_LIMIT};
+use ratelimit_proxy::deny_cache::{Consult, DenyCache};
+use ratelimit_proxy::headers::RouteHeaders;
 use ratelimit_proxy::limiter::bucket::{evaluate, State};
 use ratelimit_proxy::limiter::memory::MemoryLimiter;
+use ratelimit_proxy::limiter::Decision;
 use ratelimit_proxy::limiter::{Bucket, BucketParams};
 use redis::Value;
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Three buckets sharing one hash tag, so any subset can be one decision (as a route's limits are).
 const KEYS: [&str; 3] = ["{p}:a", "{p}:b", "{p}:c"];
@@ -176,6 +182,36 @@ fn history(steps: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Hist
         .prop_map(|(limits, steps)| History { limits, steps })
 }
 
+impl Step {
+    /// How far the fleet's clock moves before this request.
+    fn advance_us(&self, first: &BucketParams) -> u64 {
+        match self.advance {
+            Advance::None => 0,
+            Advance::Hundredths(k) => {
+                (u128::from(first.scale) * u128::from(k) / 100 / u128::from(first.num))
+                    .min(10_000_000_000_000) as u64
+            }
+            Advance::Us(us) => us,
+        }
+    }
+}
+
+impl History {
+    /// The buckets `step` draws from, each once, in order: (key, its limit now). Without
+    /// `reloads`, every key keeps its first limit.
+    fn picks(&self, step: &Step, reloads: bool) -> Vec<(usize, &LimitSpec)> {
+        let mut picked: Vec<(usize, &LimitSpec)> = Vec::new();
+        for &(k, which) in &step.picks {
+            if picked.iter().all(|(seen, _)| *seen != k) {
+                let specs = &self.limits[k];
+                let which = if reloads { which % specs.len() } else { 0 };
+                picked.push((k, &specs[which]));
+            }
+        }
+        picked
+    }
+}
+
 /// Replays `h` through the script, the in-memory store and the mirror, comparing every step.
 fn replay(s: &Script, h: &History) -> Result<(), TestCaseError> {
     let mut conn = s.redis.connection().unwrap();
@@ -186,23 +222,13 @@ fn replay(s: &Script, h: &History) -> Result<(), TestCaseError> {
     let first = h.limits[0][0].params();
     let mut base = T0;
     for (i, step) in h.steps.iter().enumerate() {
-        base += match step.advance {
-            Advance::None => 0,
-            Advance::Hundredths(k) => {
-                (u128::from(first.scale) * u128::from(k) / 100 / u128::from(first.num))
-                    .min(10_000_000_000_000) as u64
-            }
-            Advance::Us(us) => us,
-        };
+        base += step.advance_us(&first);
         let now = base.saturating_add_signed(step.skew_us);
-        // One request names each bucket once.
-        let mut picked: Vec<(usize, BucketParams)> = Vec::new();
-        for &(k, which) in &step.picks {
-            if picked.iter().all(|(seen, _)| *seen != k) {
-                let specs = &h.limits[k];
-                picked.push((k, specs[which % specs.len()].params()));
-            }
-        }
+        let picked: Vec<(usize, BucketParams)> = h
+            .picks(step, true)
+            .into_iter()
+            .map(|(k, spec)| (k, spec.params()))
+            .collect();
         let keys: Vec<&str> = picked.iter().map(|(k, _)| KEYS[*k]).collect();
         let params: Vec<BucketParams> = picked.iter().map(|(_, p)| *p).collect();
 
@@ -289,4 +315,150 @@ fn the_script_and_the_in_memory_store_decide_alike_on_random_histories() {
 fn the_script_and_the_in_memory_store_decide_alike_on_long_random_histories() {
     let s = Script::load();
     check(file!(), 4_000, history(1..=200), |h| replay(&s, &h));
+}
+
+/// The response headers a route with these limits (named after their keys) gives for `d`.
+fn headers(picked: &[(usize, &LimitSpec)], d: &Decision) -> Vec<(&'static str, String)> {
+    let mut yaml = String::from(
+        "listen: \"127.0.0.1:1\"\nroutes:\n  - name: r\n    upstream: \"h:1\"\n    limits:\n",
+    );
+    for (k, spec) in picked {
+        yaml.push_str(&format!(
+            "      - {{ name: {}, capacity: {}, refill: \"{}\", cost: {} }}\n",
+            ["a", "b", "c"][*k],
+            spec.capacity,
+            spec.refill,
+            spec.cost
+        ));
+    }
+    let route = &Config::parse("t.yaml", &yaml)
+        .expect("a valid route")
+        .routes[0];
+    let limits: Vec<usize> = (0..picked.len()).collect();
+    let mut out = Vec::new();
+    RouteHeaders::new(route).each(d, &limits, |name, value| {
+        out.push((name, value.to_str().unwrap().to_string()))
+    });
+    out
+}
+
+/// Replays `h` through the path a proxy takes to Redis, the deny cache in front of the script,
+/// and through the in-memory store.
+///
+/// One proxy (`fleet: false`, every step on one clock): the two give the same decision and the
+/// same headers at every step, whether the cache or the script answered: the cache's remembered
+/// state is exact, and every admission forgets what it made stale.
+///
+/// A fleet (`fleet: true`: three proxies on one clock, as with `clock: redis`, each with a cache
+/// of its own, the step's skew choosing which one serves it): another proxy's admissions make what
+/// a cache remembers optimistic, never wrong. A cached denial is one the store gives too, with no
+/// longer a `Retry-After` and no fewer tokens remaining. (Skewed clocks and fleets halfway through
+/// a reload are left out: a clock ahead, or a faster rate, refills early for everyone, cache or
+/// not; the plain differential covers both.)
+fn replay_cached(s: &Script, h: &History, fleet: bool) -> Result<(), TestCaseError> {
+    let mut conn = s.redis.connection().unwrap();
+    let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
+    let clock = Arc::new(SetClock::new(T0));
+    let memory = MemoryLimiter::new(clock.clone(), 1_000_000);
+    let mut caches: HashMap<i64, DenyCache> = HashMap::new();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let first = h.limits[0][0].params();
+    let mut base = T0;
+    for (i, step) in h.steps.iter().enumerate() {
+        base += step.advance_us(&first);
+        let now = base;
+        let proxy = if fleet { step.skew_us.rem_euclid(3) } else { 0 };
+        // Proxies that run different limits for one key (a fleet halfway through a config
+        // change) each answer by their own: only one proxy reloads here.
+        let picked = h.picks(step, !fleet);
+        let keys: Vec<String> = picked.iter().map(|(k, _)| KEYS[*k].to_string()).collect();
+        let params: Vec<BucketParams> = picked.iter().map(|(_, spec)| spec.params()).collect();
+        let at = || {
+            format!(
+                "step {i}: now T0{:+} µs, {picked:?}",
+                now as i128 - T0 as i128
+            )
+        };
+
+        clock.set(now);
+        let buckets: Vec<Bucket<'_>> = keys
+            .iter()
+            .zip(&params)
+            .map(|(key, p)| Bucket { key, params: *p })
+            .collect();
+        let in_memory = memory.decide(&buckets).expect("one hash tag");
+
+        let cache = caches
+            .entry(proxy)
+            .or_insert_with(|| DenyCache::new(1_000, Duration::from_secs(1)));
+        let refresh = match runtime.block_on(cache.consult(&keys, &params, || now)) {
+            Consult::Denied(cached) => {
+                prop_assert!(
+                    !in_memory.allowed,
+                    "a cached denial the store would admit at {}",
+                    at()
+                );
+                if fleet {
+                    prop_assert!(
+                        cached.retry_after_us() <= in_memory.retry_after_us(),
+                        "a longer wait than the store's at {}: {:?} vs {:?}",
+                        at(),
+                        cached,
+                        in_memory
+                    );
+                    for (c, m) in cached.limits.iter().zip(&in_memory.limits) {
+                        prop_assert!(
+                            c.remaining >= m.remaining,
+                            "fewer tokens than the store's at {}",
+                            at()
+                        );
+                    }
+                } else {
+                    prop_assert_eq!(
+                        &cached,
+                        &in_memory,
+                        "cached vs the in-memory store at {}",
+                        at()
+                    );
+                    prop_assert_eq!(headers(&picked, &cached), headers(&picked, &in_memory));
+                }
+                continue;
+            }
+            Consult::Ask(refresh) => refresh,
+            Consult::StoreFailed => panic!("nothing fails here"),
+        };
+        let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let mut tx = redis::pipe();
+        tx.atomic()
+            .add_command(s.invocation(&key_refs, Some(now), &params));
+        for key in &key_refs {
+            // Redis expires keys by its own clock, which does not follow the injected one.
+            tx.cmd("PERSIST").arg(*key).ignore();
+        }
+        let replies: Vec<Value> = tx.query(&mut conn).expect("MULTI");
+        let lua = decision(&replies[0], &params);
+        cache.note(&keys, &params, &lua, now, refresh);
+        prop_assert_eq!(&lua, &in_memory, "Lua vs the in-memory store at {}", at());
+        prop_assert_eq!(headers(&picked, &lua), headers(&picked, &in_memory));
+    }
+    Ok(())
+}
+
+#[test]
+fn one_proxy_with_its_deny_cache_answers_as_the_in_memory_store_on_random_histories() {
+    let s = Script::load();
+    check(file!(), 128, history(1..=40), |h| {
+        replay_cached(&s, &h, false)
+    });
+}
+
+#[test]
+fn a_fleet_of_deny_caches_never_denies_what_the_store_would_admit() {
+    let s = Script::load();
+    check(file!(), 128, history(1..=40), |h| {
+        replay_cached(&s, &h, true)
+    });
 }
