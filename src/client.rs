@@ -45,6 +45,11 @@ impl FromStr for Cidr {
 }
 
 impl Cidr {
+    /// Wider than a /8 of IPv4 or a /32 of IPv6: no operator's own proxies span that much.
+    pub fn is_wide(&self) -> bool {
+        self.prefix < if self.addr.is_ipv4() { 8 } else { 32 }
+    }
+
     pub fn contains(&self, ip: IpAddr) -> bool {
         let ip = ip.to_canonical();
         ip.is_ipv4() == self.addr.is_ipv4() && mask(ip, self.prefix) == self.addr
@@ -151,6 +156,10 @@ mod tests {
             Ok(true)
         );
         assert!("10.0.0.0/33".parse::<Cidr>().is_err());
+        assert!("0.0.0.0/0".parse::<Cidr>().unwrap().is_wide());
+        assert!(!"10.0.0.0/8".parse::<Cidr>().unwrap().is_wide());
+        assert!("2000::/3".parse::<Cidr>().unwrap().is_wide());
+        assert!(!"2001:db8::/32".parse::<Cidr>().unwrap().is_wide());
         assert!("bogus".parse::<Cidr>().is_err());
     }
 

@@ -47,6 +47,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    for warning in &config.warnings {
+        if cli.check {
+            eprintln!("warning: {warning}");
+        } else {
+            log::warn!("{warning}");
+        }
+    }
     if cli.check {
         println!(
             "{}: ok ({} routes)",

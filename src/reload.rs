@@ -36,6 +36,8 @@ pub struct Applied {
     pub routes: usize,
     /// Settings that differ in the file but keep their running values until a restart.
     pub needs_restart: Vec<&'static str>,
+    /// What the new config does that is valid but likely a mistake.
+    pub warnings: Vec<crate::config::Problem>,
 }
 
 pub struct Reloader {
@@ -109,6 +111,7 @@ impl Reloader {
             hash: hash.clone(),
             routes: new.routes.len(),
             needs_restart,
+            warnings: new.warnings.clone(),
         };
         *running = (new, hash);
         Ok(applied)
@@ -123,6 +126,9 @@ impl Reloader {
                     a.routes,
                     a.hash
                 );
+                for warning in &a.warnings {
+                    log::warn!("{why}: {warning}");
+                }
                 if !a.needs_restart.is_empty() {
                     log::warn!(
                         "{why}: changed settings that need a restart to apply, still running the old values: {}",

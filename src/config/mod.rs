@@ -4,6 +4,7 @@
 //! at once, each naming file, line, route and field, so an operator fixes a config in one pass. The
 //! serde layer (`raw`) stays private; the rest of the crate only sees types that are already valid.
 
+mod depth;
 mod error;
 mod locate;
 mod rate;
@@ -34,6 +35,8 @@ pub struct Config {
     /// How `client_ip` is found behind load balancers.
     pub client: ClientIdentity,
     pub routes: Vec<Route>,
+    /// What is valid but likely a mistake: `--check`, the start and every reload say it.
+    pub warnings: Vec<Problem>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -140,6 +140,23 @@ fn sighup_reloads_and_live_only_settings_wait_for_a_restart() {
         ),
         "{stderr}"
     );
+
+    // Valid but likely a mistake: applied, and said.
+    let trusting = config(s.upstream.addr, "trusted_proxies: [\"0.0.0.0/0\"]\n", V1);
+    s.proxy.rewrite_config(&trusting);
+    s.proxy.signal("-HUP");
+    wait_for("the reload's warning", Duration::from_secs(10), || {
+        s.proxy
+            .stderr()
+            .lines()
+            .any(|l| {
+                l.contains("WARN")
+                    && l.contains("SIGHUP: ")
+                    && l.contains("trusted_proxies[0]: \"0.0.0.0/0\" trusts more than a /8")
+            })
+            .then_some(())
+    });
+    assert_eq!(reloads(&s, "failure"), 0, "a warning refuses nothing");
 }
 
 /// A new process takes the listening sockets over (started with --upgrade, then SIGQUIT to the

@@ -13,6 +13,7 @@ pub(super) fn validate(file: &str, text: &str) -> Result<Config, ConfigError> {
         file,
         text,
         problems: Vec::new(),
+        warnings: Vec::new(),
     };
     let config = v.config();
     match config {
@@ -25,6 +26,7 @@ struct Validator<'a> {
     file: &'a str,
     text: &'a str,
     problems: Vec<Problem>,
+    warnings: Vec<Problem>,
 }
 
 fn key(k: &str) -> Seg {
@@ -102,6 +104,19 @@ impl Validator<'_> {
     }
 
     fn config(&mut self) -> Option<Config> {
+        if let Some(line) = super::depth::too_deep(self.text) {
+            self.problems.push(Problem {
+                file: self.file.to_string(),
+                line: Some(line),
+                route: None,
+                field: String::new(),
+                message: format!(
+                    "the document nests deeper than {} levels; a config needs fewer than 10",
+                    super::depth::MAX_DEPTH
+                ),
+            });
+            return None;
+        }
         let de = serde_yaml::Deserializer::from_str(self.text);
         let raw: RawConfig = match serde_path_to_error::deserialize(de) {
             Ok(raw) => raw,
@@ -156,7 +171,23 @@ impl Validator<'_> {
             .iter()
             .enumerate()
             .filter_map(|(i, c)| match c.parse::<Cidr>() {
-                Ok(c) => Some(c),
+                Ok(block) => {
+                    if block.is_wide() {
+                        let path = vec![key("trusted_proxies"), Seg::Index(i)];
+                        self.warnings.push(Problem {
+                            file: self.file.to_string(),
+                            line: line_of(self.text, &path),
+                            route: None,
+                            field: render(&path),
+                            message: format!(
+                                "{c:?} trusts more than a /8 of IPv4 or a /32 of IPv6: any client in it \
+                                 can forge X-Forwarded-For and get a fresh bucket per request; list only \
+                                 your load balancers' addresses"
+                            ),
+                        });
+                    }
+                    Some(block)
+                }
                 Err(msg) => {
                     self.problem(None, vec![key("trusted_proxies"), Seg::Index(i)], msg);
                     None
@@ -185,6 +216,7 @@ impl Validator<'_> {
                 ipv6_prefix,
             },
             routes,
+            warnings: std::mem::take(&mut self.warnings),
         })
     }
 
