@@ -223,11 +223,6 @@ impl DenyCache {
         if keys.is_empty() {
             return;
         }
-        if decision.allowed && self.entries.load(Ordering::Relaxed) > 0 {
-            for key in keys {
-                self.forget_key(key);
-            }
-        }
         // A denial always leaves some bucket short; most admissions leave enough, and imply
         // nothing.
         let short = decision
@@ -236,6 +231,11 @@ impl DenyCache {
             .zip(params)
             .any(|(l, p)| l.held < p.cost * p.scale);
         if !short {
+            if decision.allowed && self.entries.load(Ordering::Relaxed) > 0 {
+                for key in keys {
+                    self.forget_key(key);
+                }
+            }
             return;
         }
         let states: Vec<State> = decision
@@ -250,9 +250,10 @@ impl DenyCache {
             until: denied_until(now, params, &states),
             states,
         });
-        // Filed under every key, the first (where requests find it) last; whatever a slot held
-        // before is forgotten whole, since nothing would tell it apart from fresh any more.
-        for key in keys.iter().rev() {
+        // Filed under every key, the first (where requests find it) last, each slot replaced in
+        // one step so that no request finds it empty meanwhile; whatever a slot held before is
+        // forgotten whole (after an admission it is stale, and it could not be told apart).
+        for (n, key) in keys.iter().enumerate().rev() {
             let replaced = {
                 let mut shard = self.shard(key);
                 if shard.len() >= self.shard_cap && !shard.contains_key(key) {
@@ -260,12 +261,16 @@ impl DenyCache {
                     shard.retain(|_, s| s.denial.until > now);
                     self.entries
                         .fetch_sub(before - shard.len(), Ordering::Relaxed);
-                    if shard.len() >= self.shard_cap {
-                        // Full of live denials: this one is not remembered (filed under some of
-                        // its keys, it would still be forgotten by them; unreachable, it is
-                        // dropped when its slots are taken).
-                        return;
+                }
+                if shard.len() >= self.shard_cap && !shard.contains_key(key) {
+                    // Full of live denials: this one is not remembered, and nothing stale of
+                    // these buckets may stay either.
+                    drop(shard);
+                    for key in &keys[..=n] {
+                        self.forget_key(key);
                     }
+                    self.forget(&denial);
+                    return;
                 }
                 let slot = Slot {
                     denial: denial.clone(),
@@ -276,8 +281,7 @@ impl DenyCache {
                         self.entries.fetch_add(1, Ordering::Relaxed);
                         None
                     }
-                    Some(old) if !Arc::ptr_eq(&old.denial, &denial) => Some(old.denial),
-                    Some(_) => None,
+                    Some(old) => Some(old.denial),
                 }
             };
             if let Some(old) = replaced {

@@ -6,13 +6,15 @@ use crate::config::{KeySource, MissingKey};
 use crate::key::Identity;
 use crate::limiter::{Bucket, BucketParams};
 use crate::plan::RoutePlan;
-use http::{HeaderMap, Uri};
+use http::HeaderMap;
 
-/// What a request says about its client.
+/// What a request says about its client, in canonical form (`canonical`).
 pub struct RequestFacts<'a> {
     pub client_ip: &'a str,
     pub method: &'a str,
-    pub uri: &'a Uri,
+    pub path: &'a str,
+    /// As sent, without the `?`.
+    pub query: Option<&'a str>,
     pub headers: &'a HeaderMap,
 }
 
@@ -27,8 +29,8 @@ impl RequestFacts<'_> {
         match source {
             KeySource::ClientIp => value(Some(self.client_ip.as_bytes())),
             KeySource::Header(name) => value(self.headers.get(name.as_str()).map(|v| v.as_bytes())),
-            KeySource::Query(name) => value(query_param(self.uri.query(), name)),
-            KeySource::Path => value(Some(self.uri.path().as_bytes())),
+            KeySource::Query(name) => value(query_param(self.query, name)),
+            KeySource::Path => value(Some(self.path.as_bytes())),
             KeySource::Method => value(Some(self.method.as_bytes())),
             KeySource::Route => Identity::Route,
         }

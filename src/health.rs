@@ -61,16 +61,20 @@ async fn probe_all(route: &RoutePlan, path: &str) {
         .iter()
         .map(|&addr| probe(addr, path.to_string(), route.timeouts.connect));
     for (i, healthy) in futures_join_all(probes).await.into_iter().enumerate() {
+        let peer = route.upstreams.peers()[i];
         if healthy {
-            route.upstreams.mark_up(i);
-        } else {
-            log::debug!(
-                "route {}: upstream {} failed its health check",
-                route.name,
-                route.upstreams.peers()[i]
-            );
+            if route.upstreams.mark_up(i) {
+                log::info!(
+                    "route {}: upstream {peer} passed its health check: up",
+                    route.name
+                );
+            }
+        } else if route.upstreams.mark_down_for(i, Duration::from_secs(3600)) {
             // Down until the next probe can say otherwise.
-            route.upstreams.mark_down_for(i, Duration::from_secs(3600));
+            log::warn!(
+                "route {}: upstream {peer} failed its health check: down",
+                route.name
+            );
         }
     }
 }

@@ -16,16 +16,22 @@
 //! (active upstream checks) beside the proxy.
 
 pub mod admin;
+pub mod bind;
+pub mod canonical;
 pub mod client;
+pub mod client_conn;
 pub mod clock;
 pub mod config;
 pub mod deny_cache;
+pub mod downstream;
 pub mod draw;
 pub mod explain;
+pub mod head;
 pub mod headers;
 pub mod health;
 pub mod key;
 pub mod limiter;
+pub mod logging;
 pub mod metrics;
 pub mod plan;
 pub mod proxy;

@@ -38,7 +38,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    ratelimit_proxy::logging::init();
     let cli = Cli::parse();
     let config = match Config::load(&cli.config) {
         Ok(config) => config,

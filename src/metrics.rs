@@ -1,6 +1,7 @@
 //! Prometheus metrics with typed methods, so names and labels live here alone and label values
 //! stay bounded (route names and fixed words — never a client key).
 
+use crate::canonical::Refused;
 use prometheus::{
     exponential_buckets, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry,
@@ -50,6 +51,51 @@ impl Outcome {
     }
 }
 
+/// Why a client connection was closed by the proxy (or found closed), as
+/// `ratelimit_connections_closed_total`'s `reason` label spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closed {
+    /// The request head did not arrive whole within `downstream.header_timeout_ms`.
+    HeaderTimeout,
+    /// A kept-alive connection sent no request within `downstream.idle_timeout_ms`.
+    IdleTimeout,
+    /// A request body stalled longer than `downstream.body_timeout_ms`.
+    BodyTimeout,
+    /// Closed at accept: `downstream.max_connections` were open.
+    MaxConnections,
+    /// The client reset or closed the connection in the middle of a request.
+    ClientReset,
+}
+
+impl Closed {
+    pub const ALL: [Closed; 5] = [
+        Closed::HeaderTimeout,
+        Closed::IdleTimeout,
+        Closed::BodyTimeout,
+        Closed::MaxConnections,
+        Closed::ClientReset,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Closed::HeaderTimeout => "header_timeout",
+            Closed::IdleTimeout => "idle_timeout",
+            Closed::BodyTimeout => "body_timeout",
+            Closed::MaxConnections => "max_connections",
+            Closed::ClientReset => "client_reset",
+        }
+    }
+}
+
+/// Counts one open client connection while it lives.
+pub struct OpenConnection(IntGauge);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// Error kinds, as `LimiterError::kind` spells them.
 const ERROR_KINDS: [&str; 6] = [
     "timeout",
@@ -72,6 +118,11 @@ pub struct Metrics {
     breaker_transitions: IntCounterVec,
     deny_cache_hits: IntCounterVec,
     responses: IntCounterVec,
+    connections_open: IntGauge,
+    /// By `Closed`, in `Closed::ALL` order.
+    connections_closed: Vec<IntCounter>,
+    /// By `Refused`, in `Refused::ALL` order.
+    refused: Vec<IntCounter>,
 }
 
 /// One route's counters, resolved once so the request path does no label lookup.
@@ -172,6 +223,33 @@ impl Metrics {
             ),
             &["route", "class"],
         )?;
+        let connections_open =
+            IntGauge::new("ratelimit_connections_open", "Client connections open now")?;
+        let connections_closed = IntCounterVec::new(
+            Opts::new(
+                "ratelimit_connections_closed_total",
+                "Client connections closed by a limit or a timeout, or reset by the client mid-request",
+            ),
+            &["reason"],
+        )?;
+        let refused = IntCounterVec::new(
+            Opts::new(
+                "ratelimit_requests_refused_total",
+                "Requests refused with 400 before any route saw them, by reason",
+            ),
+            &["reason"],
+        )?;
+        registry.register(Box::new(connections_open.clone()))?;
+        registry.register(Box::new(connections_closed.clone()))?;
+        registry.register(Box::new(refused.clone()))?;
+        let connections_closed = Closed::ALL
+            .iter()
+            .map(|c| connections_closed.with_label_values(&[c.as_str()]))
+            .collect();
+        let refused = Refused::ALL
+            .iter()
+            .map(|r| refused.with_label_values(&[r.as_str()]))
+            .collect();
         registry.register(Box::new(responses.clone()))?;
         registry.register(Box::new(redis_up.clone()))?;
         registry.register(Box::new(breaker_transitions.clone()))?;
@@ -204,7 +282,25 @@ impl Metrics {
             breaker_transitions,
             deny_cache_hits,
             responses,
+            connections_open,
+            connections_closed,
+            refused,
         })
+    }
+
+    /// A client connection was accepted; it counts as open until the guard drops.
+    pub fn connection_open(&self) -> OpenConnection {
+        self.connections_open.inc();
+        OpenConnection(self.connections_open.clone())
+    }
+
+    pub fn connection_closed(&self, why: Closed) {
+        self.connections_closed[why as usize].inc();
+    }
+
+    /// A request was refused with 400 before routing.
+    pub fn refused(&self, why: Refused) {
+        self.refused[why as usize].inc();
     }
 
     /// The counters of one route, every outcome present at 0 from the start.

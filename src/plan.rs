@@ -4,7 +4,8 @@
 
 use crate::client::ClientIdentity;
 use crate::config::{
-    Allow, Config, DenyResponse, FailMode, HealthCheck, KeySource, MissingKey, UpstreamTimeouts,
+    Allow, Config, DenyResponse, DuplicateKeyHeader, EscapedSlashes, FailMode, HealthCheck,
+    KeySource, MissingKey, Route, UpstreamTimeouts,
 };
 use crate::headers::RouteHeaders;
 use crate::key::KeyPlan;
@@ -36,6 +37,11 @@ pub struct RoutePlan {
     pub deny: DenyResponse,
     pub keys: KeyPlan,
     pub limits: Vec<LimitPlan>,
+    /// Headers an enforced limit keys on and refuses to see twice (`on_duplicate_key_header:
+    /// reject`): a client could rotate buckets in one value while the upstream reads another.
+    pub single_headers: Vec<String>,
+    /// The upstream gets the target as the client sent it, not its canonical form.
+    pub preserve_raw_path: bool,
     pub headers: RouteHeaders,
     pub counters: RouteCounters,
 }
@@ -53,6 +59,7 @@ pub struct Plan {
     pub table: RouteTable,
     pub routes: Vec<RoutePlan>,
     pub client: ClientIdentity,
+    pub path_escaped_slashes: EscapedSlashes,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -114,6 +121,8 @@ impl Plan {
                             }
                         })
                         .collect(),
+                    single_headers: single_headers(r),
+                    preserve_raw_path: r.preserve_raw_path,
                     headers: RouteHeaders::new(r),
                     counters: metrics.route(&r.name),
                 })
@@ -123,6 +132,7 @@ impl Plan {
             table: RouteTable::new(&config.routes),
             routes,
             client: config.client.clone(),
+            path_escaped_slashes: config.path_escaped_slashes,
         })
     }
 
@@ -133,6 +143,24 @@ impl Plan {
             .iter()
             .any(|r| r.on_redis_error == FailMode::Closed && r.limits.iter().any(|l| !l.shadow))
     }
+}
+
+/// The headers that `route`'s enforced limits key on with `on_duplicate_key_header: reject`.
+fn single_headers(route: &Route) -> Vec<String> {
+    let mut names: Vec<String> = route
+        .limits
+        .iter()
+        .filter(|l| !(l.shadow || route.shadow))
+        .filter(|l| l.on_duplicate_key_header == DuplicateKeyHeader::Reject)
+        .flat_map(|l| &l.key)
+        .filter_map(|k| match k {
+            KeySource::Header(name) => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// One proxy's share of a limit: capacity and rate divided by `fleet` (the rate exactly, by

@@ -1,6 +1,7 @@
 //! The Pingora glue: decide in `request_filter`, decorate in `response_filter`, count in
 //! `logging`. What to decide, which headers, which metrics: all of that lives elsewhere.
 
+use crate::canonical::{self, Refused};
 use crate::clock::{Clock, SystemClock};
 use crate::config::FailMode;
 use crate::deny_cache::{Consult, DenyCache};
@@ -8,7 +9,7 @@ use crate::draw::{draws, Draw, Draws, RequestFacts};
 use crate::headers::{self, Refusal};
 use crate::limiter::memory::MemoryLimiter;
 use crate::limiter::{Decision, Limiter, LimiterError};
-use crate::metrics::Outcome;
+use crate::metrics::{Closed, Metrics, Outcome};
 use crate::plan::{Plan, RoutePlan};
 use crate::reload::LivePlan;
 use async_trait::async_trait;
@@ -17,6 +18,8 @@ use http::{header, HeaderValue};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::FailToProxy;
+use pingora::upstreams::peer::Peer;
+use std::borrow::Cow;
 use std::sync::Arc;
 
 pub struct RateLimitProxy<L> {
@@ -26,6 +29,7 @@ pub struct RateLimitProxy<L> {
     deny_cache: Option<DenyCache>,
     /// Decides for `on_redis_error: local` routes while the store fails.
     fallback: MemoryLimiter<SystemClock>,
+    metrics: Metrics,
 }
 
 impl<L> RateLimitProxy<L> {
@@ -34,12 +38,14 @@ impl<L> RateLimitProxy<L> {
         limiter: Arc<L>,
         deny_cache: Option<DenyCache>,
         fallback: MemoryLimiter<SystemClock>,
+        metrics: Metrics,
     ) -> Self {
         RateLimitProxy {
             plan,
             limiter,
             deny_cache,
             fallback,
+            metrics,
         }
     }
 }
@@ -57,6 +63,39 @@ pub struct RequestCtx {
     decision: Option<(Decision, Vec<usize>)>,
     /// The upstream of the route's pool this attempt went to.
     upstream: Option<usize>,
+    /// What the upstream is told that the client spelled differently.
+    rewrite: Rewrite,
+}
+
+/// The canonical request where it differs from what the client sent: the upstream serves exactly
+/// what was counted. Empty (no allocation) for a request that was canonical already.
+#[derive(Default)]
+struct Rewrite {
+    /// Origin-form path and query.
+    target: Option<Vec<u8>>,
+    /// `name[:port]`.
+    host: Option<String>,
+}
+
+impl Rewrite {
+    fn of(request: &canonical::Request<'_>, preserve_raw_path: bool) -> Rewrite {
+        let t = &request.target;
+        let reshaped = matches!(t.path, Cow::Owned(_)) || t.authority.is_some();
+        let target = (reshaped && !preserve_raw_path).then(|| {
+            let mut target = t.path.as_bytes().to_vec();
+            if let Some(q) = t.query {
+                target.push(b'?');
+                target.extend_from_slice(q.as_bytes());
+            }
+            target
+        });
+        let host = request
+            .host
+            .as_ref()
+            .filter(|h| !h.as_sent || t.authority.is_some())
+            .map(canonical::Host::header_value);
+        Rewrite { target, host }
+    }
 }
 
 /// How a request was decided, before anything is written.
@@ -144,17 +183,34 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        let req = session.req_header();
-        let host = req
-            .uri
-            .host()
-            .or_else(|| req.headers.get(header::HOST).and_then(|h| h.to_str().ok()));
         let plan = self.plan.load_full();
-        let Some(index) = plan.table.find(host, req.method.as_str(), req.uri.path()) else {
+        let req = session.req_header();
+        let canonical = canonical::request(
+            req.method.as_str(),
+            req.raw_path(),
+            req.version,
+            &req.headers,
+            plan.path_escaped_slashes,
+        );
+        let request = match canonical {
+            Ok(request) => request,
+            Err(why) => return self.refuse_malformed(session, why).await,
+        };
+        let host = request.host.as_ref().map(|h| &*h.name);
+        let path = &*request.target.path;
+        let Some(index) = plan.table.find(host, req.method.as_str(), path) else {
             let body = "404 Not Found: no route matches this request\n";
             respond(session, 404, "text/plain; charset=utf-8", Vec::new(), body).await?;
             return Ok(true);
         };
+        let route = &plan.routes[index];
+        let repeated = |name: &String| req.headers.get_all(name.as_str()).iter().nth(1).is_some();
+        if route.single_headers.iter().any(repeated) {
+            return self
+                .refuse_malformed(session, Refused::DuplicateKeyHeader)
+                .await;
+        }
+        ctx.rewrite = Rewrite::of(&request, route.preserve_raw_path);
         ctx.route = Some(index);
         let plan = &*ctx.plan.insert(plan);
         let route = &plan.routes[index];
@@ -183,7 +239,8 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         let facts = RequestFacts {
             client_ip: &client_ip,
             method: req.method.as_str(),
-            uri: &req.uri,
+            path: &request.target.path,
+            query: request.target.query,
             headers: &req.headers,
         };
         let (enforced, shadow) = match draws(route, &facts) {
@@ -270,6 +327,13 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        if let Some(target) = &ctx.rewrite.target {
+            upstream_request.set_raw_path(target)?;
+        }
+        if let Some(host) = ctx.rewrite.host.take() {
+            upstream_request.insert_header(header::HOST, host)?;
+        }
+        single_content_length(upstream_request)?;
         let peer = session
             .client_addr()
             .and_then(|a| a.as_inet())
@@ -312,12 +376,19 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
     fn fail_to_connect(
         &self,
         _session: &mut Session,
-        _peer: &HttpPeer,
+        peer: &HttpPeer,
         ctx: &mut RequestCtx,
         mut e: Box<Error>,
     ) -> Box<Error> {
         if let (Some(route), Some(i)) = (route_of(ctx), ctx.upstream) {
-            route.upstreams.mark_down(i);
+            if route.upstreams.mark_down(i) {
+                // Once per change, not once per request that finds it down.
+                log::warn!(
+                    "route {}: upstream {} is down for 10 s: {e}",
+                    route.name,
+                    peer.address()
+                );
+            }
             // Nothing reached the upstream: another one may take the request.
             if route.upstreams.has_other_up(i) {
                 e.set_retry(true);
@@ -343,7 +414,15 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
                 ErrorSource::Upstream => 502,
                 ErrorSource::Downstream => match e.etype() {
                     // The client is gone: nobody to answer.
-                    ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => 0,
+                    ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => {
+                        self.metrics.connection_closed(Closed::ClientReset);
+                        0
+                    }
+                    // A request body stalled past `downstream.body_timeout_ms`.
+                    ErrorType::ReadTimedout => {
+                        self.metrics.connection_closed(Closed::BodyTimeout);
+                        408
+                    }
                     _ => 400,
                 },
                 ErrorSource::Internal | ErrorSource::Unset => 500,
@@ -357,6 +436,19 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         FailToProxy {
             error_code: code,
             can_reuse_downstream: false,
+        }
+    }
+
+    /// Clients that go away and upstreams that fail are counted (`ratelimit_connections_closed_total`,
+    /// `ratelimit_responses_total`) and an upstream's fall is logged once; a line per request at
+    /// error level would let any client fill the log.
+    fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, e: &Error) -> bool {
+        match e.esource() {
+            ErrorSource::Downstream | ErrorSource::Upstream => {
+                log::debug!("request failed: {e}");
+                true
+            }
+            ErrorSource::Internal | ErrorSource::Unset => false,
         }
     }
 
@@ -437,4 +529,37 @@ async fn respond(
     }
     session.write_response_header(Box::new(resp), false).await?;
     session.write_response_body(Some(body), true).await
+}
+
+/// A request that cannot be put in canonical form, or that repeats a header its limit keys on:
+/// 400, counted by reason, and the connection closed (its framing may not be what it seems).
+impl<L> RateLimitProxy<L> {
+    async fn refuse_malformed(&self, session: &mut Session, why: Refused) -> Result<bool> {
+        self.metrics.refused(why);
+        log::debug!("refused a request: {}", why.explain());
+        session.set_keepalive(None);
+        let body = format!("400 Bad Request: {}\n", why.explain());
+        respond(session, 400, "text/plain; charset=utf-8", Vec::new(), body).await?;
+        Ok(true)
+    }
+}
+
+/// `Content-Length: 54, 54` (or the same value twice), which Pingora accepts as 54, goes on as one
+/// value: an upstream that reads the list differently could take the body for another request.
+fn single_content_length(req: &mut RequestHeader) -> Result<()> {
+    let mut values = req.headers.get_all(header::CONTENT_LENGTH).iter();
+    let Some(first) = values.next() else {
+        return Ok(());
+    };
+    if values.next().is_none() && !first.as_bytes().contains(&b',') {
+        return Ok(());
+    }
+    // Differing values never get here (`head::inspect` refuses them): the first number is it.
+    let n = first
+        .as_bytes()
+        .split(|&b| b == b',')
+        .next()
+        .map(|v| String::from_utf8_lossy(v).trim().to_string())
+        .unwrap_or_default();
+    req.insert_header(header::CONTENT_LENGTH, n)
 }

@@ -98,11 +98,15 @@ impl Reloader {
         if new.memory != old.memory {
             needs_restart.push("memory");
         }
+        if new.downstream != old.downstream {
+            needs_restart.push("downstream");
+        }
         new.listen.clone_from(&old.listen);
         new.admin = old.admin;
         new.redis.clone_from(&old.redis);
         new.shutdown_grace = old.shutdown_grace;
         new.memory = old.memory;
+        new.downstream = old.downstream;
 
         let plan = Plan::compile(&new, &self.metrics)?;
         self.plan.store(Arc::new(plan));

@@ -29,30 +29,17 @@ impl RouteTable {
         RouteTable { matchers }
     }
 
-    /// The index of the first matching route. `host` may carry a port and any case; `None` when
-    /// the request named no host (only routes without a host rule can match it then).
+    /// The index of the first matching route for a canonical request (`canonical`): `host`
+    /// lowercase without a port, `None` when the request named no host (only routes without a
+    /// host rule can match it then). Paths match case-sensitively, as URIs do.
     pub fn find(&self, host: Option<&str>, method: &str, path: &str) -> Option<usize> {
-        let host = host.map(strip_port);
         self.matchers.iter().position(|m| {
-            m.host
-                .as_deref()
-                .is_none_or(|want| host.is_some_and(|h| h.eq_ignore_ascii_case(want)))
+            m.host.as_deref().is_none_or(|want| host == Some(want))
                 && m.methods
                     .as_ref()
                     .is_none_or(|ms| ms.iter().any(|x| x == method))
                 && path.starts_with(m.path_prefix.as_str())
         })
-    }
-}
-
-fn strip_port(host: &str) -> &str {
-    if host.starts_with('[') {
-        // [v6]:port
-        return host.split_once(']').map_or(host, |(h, _)| &h[1..]);
-    }
-    match host.rsplit_once(':') {
-        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !h.contains(':') => h,
-        _ => host,
     }
 }
 
@@ -87,15 +74,15 @@ routes:
     }
 
     #[test]
-    fn host_ignores_case_and_port() {
+    fn a_host_rule_matches_the_canonical_host_only() {
         let t = table();
-        assert_eq!(
-            t.find(Some("Api.Example.COM:8080"), "GET", "/api/x"),
-            Some(1)
-        );
+        assert_eq!(t.find(Some("api.example.com"), "GET", "/api/x"), Some(1));
         assert_eq!(t.find(None, "GET", "/api/x"), Some(2));
-        assert_eq!(strip_port("[::1]:80"), "::1");
-        assert_eq!(strip_port("::1"), "::1");
+        assert_eq!(
+            t.find(Some("api.example.com"), "GET", "/API/x"),
+            Some(2),
+            "paths keep their case"
+        );
     }
 
     #[test]

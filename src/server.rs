@@ -3,9 +3,11 @@
 //! handled.
 
 use crate::admin::Admin;
+use crate::bind::{bind, BindError, Bound, PreBound};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ClockSource, Config};
 use crate::deny_cache::DenyCache;
+use crate::downstream::Connections;
 use crate::health::HealthChecker;
 use crate::limiter::memory::MemoryLimiter;
 use crate::limiter::redis::{RedisLimiter, Security};
@@ -47,6 +49,8 @@ pub enum StartError {
     Password(String),
     #[error("redis.tls_ca_file: cannot read {0}")]
     CaFile(String),
+    #[error(transparent)]
+    Bind(#[from] BindError),
 }
 
 /// Denials remembered at most (see `deny_cache`).
@@ -55,6 +59,20 @@ const DENY_CACHE_ENTRIES: usize = 100_000;
 /// Starts serving `config`, read from `path` (watched for reloads); returns only if the server
 /// could not be built.
 pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), StartError> {
+    // Every socket first: a taken port stops the start here, before anything else runs or is
+    // logged. An upgrade takes the running instance's sockets instead.
+    let sockets = if options.upgrade {
+        Sockets::default()
+    } else {
+        Sockets {
+            proxy: config
+                .listen
+                .iter()
+                .map(|addr| bind(*addr, "proxy"))
+                .collect::<Result<_, _>>()?,
+            admin: vec![bind(config.admin, "admin")?],
+        }
+    };
     let registry = prometheus::default_registry().clone();
     let metrics = Metrics::new(&registry)?;
     let plan: LivePlan = Arc::new(ArcSwap::from_pointee(Plan::compile(&config, &metrics)?));
@@ -67,7 +85,9 @@ pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), Start
         )),
         plan,
         registry,
+        metrics: metrics.clone(),
         options,
+        sockets,
     };
     match &config.redis {
         Some(redis) => {
@@ -106,10 +126,43 @@ struct Parts {
     plan: LivePlan,
     reloader: Arc<Reloader>,
     registry: prometheus::Registry,
+    metrics: Metrics,
     options: RunOptions,
+    sockets: Sockets,
+}
+
+/// Listening sockets bound before the server starts (none in an upgrade).
+#[derive(Default)]
+struct Sockets {
+    proxy: Vec<Bound>,
+    admin: Vec<Bound>,
+}
+
+/// A listener Pingora could not build panics inside its service's thread while the rest of the
+/// process serves on. Sockets are bound before the start (`bind`), but an upgrade that adds an
+/// address binds it in Pingora: that must stop the process too, in one line.
+fn exit_on_listener_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let text = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if text.starts_with("Failed to build listeners") {
+            eprintln!("error: cannot start: {text}");
+            std::process::exit(1);
+        }
+        default(info);
+    }));
 }
 
 fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(), StartError> {
+    exit_on_listener_panic();
+    if let Some(warning) = crate::downstream::make_room_for(config.downstream.max_connections) {
+        log::warn!("{warning}");
+    }
     let conf = ServerConf {
         threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
         // Pingora stops accepting at SIGTERM, lets in-flight requests run for the grace period,
@@ -131,10 +184,19 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
         .as_ref()
         .map(|redis| DenyCache::new(DENY_CACHE_ENTRIES, redis.timeout));
     let fallback = MemoryLimiter::new(SystemClock, config.memory.max_keys);
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+    let proxy = pingora::proxy::http_proxy(
         &server.configuration,
-        RateLimitProxy::new(parts.plan.clone(), limiter.clone(), deny_cache, fallback),
-        "ratelimit-proxy",
+        RateLimitProxy::new(
+            parts.plan.clone(),
+            limiter.clone(),
+            deny_cache,
+            fallback,
+            parts.metrics.clone(),
+        ),
+    );
+    let mut proxy = Service::new(
+        "ratelimit-proxy".to_string(),
+        Connections::new(proxy, config.downstream, parts.metrics),
     );
     for addr in &config.listen {
         proxy.add_tcp(&addr.to_string());
@@ -157,8 +219,8 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
         config.admin,
         config.routes.len()
     );
-    server.add_service(proxy);
-    server.add_service(admin);
+    server.add_service(PreBound::new(proxy, parts.sockets.proxy));
+    server.add_service(PreBound::new(admin, parts.sockets.admin));
     server.add_service(watcher);
     server.add_service(health);
     server.run_forever()

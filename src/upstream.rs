@@ -64,20 +64,25 @@ impl UpstreamPool {
         (0..self.peers.len()).any(|k| k != i && self.down_until[k].load(Ordering::Relaxed) <= now)
     }
 
-    pub fn mark_down(&self, i: usize) {
-        self.mark_down_for(i, DOWN_FOR);
+    /// Marks upstream `i` down for a while after a failure. `true` when it was up: the caller
+    /// says so once, not on every request that finds it down.
+    pub fn mark_down(&self, i: usize) -> bool {
+        self.mark_down_for(i, DOWN_FOR)
     }
 
-    pub fn mark_down_for(&self, i: usize, d: Duration) {
-        if let Some(slot) = self.down_until.get(i) {
-            slot.store(now_ms() + d.as_millis() as u64, Ordering::Relaxed);
-        }
+    pub fn mark_down_for(&self, i: usize, d: Duration) -> bool {
+        let now = now_ms();
+        self.down_until
+            .get(i)
+            .is_some_and(|slot| slot.swap(now + d.as_millis() as u64, Ordering::Relaxed) <= now)
     }
 
-    pub fn mark_up(&self, i: usize) {
-        if let Some(slot) = self.down_until.get(i) {
-            slot.store(0, Ordering::Relaxed);
-        }
+    /// `true` when it was down.
+    pub fn mark_up(&self, i: usize) -> bool {
+        let now = now_ms();
+        self.down_until
+            .get(i)
+            .is_some_and(|slot| slot.swap(0, Ordering::Relaxed) > now)
     }
 }
 
@@ -98,11 +103,13 @@ mod tests {
         let p = pool(3);
         let turns: Vec<usize> = (0..6).map(|_| p.pick().0).collect();
         assert_eq!(turns, [0, 1, 2, 0, 1, 2]);
-        p.mark_down(1);
+        assert!(p.mark_down(1), "a change: said once");
+        assert!(!p.mark_down(1), "no change: nothing to say");
         let turns: Vec<usize> = (0..4).map(|_| p.pick().0).collect();
         assert!(!turns.contains(&1), "{turns:?}");
         assert!(p.has_other_up(1));
-        p.mark_up(1);
+        assert!(p.mark_up(1));
+        assert!(!p.mark_up(1));
         assert!((0..3).any(|_| p.pick().0 == 1));
     }
 

@@ -34,6 +34,10 @@ pub struct Config {
     pub memory: MemorySettings,
     /// How `client_ip` is found behind load balancers.
     pub client: ClientIdentity,
+    /// What an escaped `/` or `\` in a request path gets.
+    pub path_escaped_slashes: EscapedSlashes,
+    /// Limits on what one client connection may hold.
+    pub downstream: Downstream,
     pub routes: Vec<Route>,
     /// What is valid but likely a mistake: `--check`, the start and every reload say it.
     pub warnings: Vec<Problem>,
@@ -53,6 +57,43 @@ pub struct RedisSettings {
     pub timeout: Duration,
     pub key_prefix: String,
     pub clock: ClockSource,
+}
+
+/// How long a client may take and how much it may hold; nginx's and Envoy's defaults in mind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Downstream {
+    /// The whole request head must arrive within this (counted from the first byte, or from the
+    /// connection's start for its first request): slowloris.
+    pub header_timeout: Duration,
+    /// A kept-alive connection with no request in flight is closed after this.
+    pub idle_timeout: Duration,
+    /// The longest wait between two reads of a request body.
+    pub body_timeout: Duration,
+    /// Per process; beyond it new connections are closed at accept.
+    pub max_connections: usize,
+    pub max_requests_per_connection: u32,
+}
+
+impl Default for Downstream {
+    fn default() -> Downstream {
+        Downstream {
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(60),
+            max_connections: 10_000,
+            max_requests_per_connection: 10_000,
+        }
+    }
+}
+
+/// What an escaped `/` (`%2F`) or `\` (`%5C`, or raw) in a path gets: upstreams disagree on
+/// whether they separate segments, so by default the request is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EscapedSlashes {
+    #[default]
+    Reject,
+    /// Kept encoded (`%2F`, `%5C`), for upstreams that need them and do not decode them.
+    Keep,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +152,9 @@ pub struct Route {
     pub on_redis_error: FailMode,
     /// Every limit of the route is evaluated and counted, never enforced.
     pub shadow: bool,
+    /// The upstream gets the request target exactly as the client sent it, not its canonical
+    /// form (routing and keys use the canonical form either way).
+    pub preserve_raw_path: bool,
     pub allow: Allow,
     pub deny: DenyResponse,
     pub limits: Vec<Limit>,
@@ -178,9 +222,21 @@ pub struct Limit {
     /// The parts of the client's identity, in order; `[Route]` alone is one bucket for all.
     pub key: Vec<KeySource>,
     pub on_missing_key: MissingKey,
+    pub on_duplicate_key_header: DuplicateKeyHeader,
     /// Evaluated and counted, never enforced.
     pub shadow: bool,
     pub cost: u64,
+}
+
+/// What a limit keyed on a header does with a request that carries that header more than once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DuplicateKeyHeader {
+    /// Refused with 400: otherwise a client rotates buckets in the first value while the upstream
+    /// reads another.
+    #[default]
+    Reject,
+    /// The first value is the key.
+    First,
 }
 
 /// What identifies a client for one limit.

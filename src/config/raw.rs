@@ -15,6 +15,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
     pub client_ipv6_prefix: Option<u8>,
+    pub path_escaped_slashes: Option<String>,
+    pub downstream: Option<RawDownstream>,
     /// Routes stay untyped here so that one bad route cannot hide the problems of the others:
     /// each is deserialized on its own.
     #[serde(default)]
@@ -52,6 +54,16 @@ pub(super) struct RawSentinel {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub(super) struct RawDownstream {
+    pub header_timeout_ms: Option<u64>,
+    pub idle_timeout_ms: Option<u64>,
+    pub body_timeout_ms: Option<u64>,
+    pub max_connections: Option<u64>,
+    pub max_requests_per_connection: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct RawMemory {
     pub max_keys: Option<u64>,
 }
@@ -68,6 +80,7 @@ pub(super) struct RawRoute {
     pub health_check: Option<RawHealthCheck>,
     pub on_redis_error: Option<String>,
     pub shadow: Option<bool>,
+    pub preserve_raw_path: Option<bool>,
     pub allow: Option<RawAllow>,
     pub deny: Option<RawDeny>,
     #[serde(default)]
@@ -115,6 +128,7 @@ pub(super) struct RawLimit {
     pub refill: Option<String>,
     pub key: Option<OneOrMany>,
     pub on_missing_key: Option<String>,
+    pub on_duplicate_key_header: Option<String>,
     pub shadow: Option<bool>,
     pub cost: Option<u64>,
 }

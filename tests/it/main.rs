@@ -4,7 +4,9 @@
 mod cli;
 mod compose;
 mod config_errors;
+mod connections;
 mod lua_script;
+mod normalise;
 mod operations;
 mod policies;
 mod proofs;

@@ -55,6 +55,18 @@ impl Validator<'_> {
                 MissingKey::Shared
             }
         };
+        let on_duplicate_key_header = match raw.on_duplicate_key_header.as_deref() {
+            None | Some("reject") => DuplicateKeyHeader::Reject,
+            Some("first") => DuplicateKeyHeader::First,
+            Some(other) => {
+                self.problem(
+                    r,
+                    at(base, &["on_duplicate_key_header"]),
+                    format!("must be \"reject\" or \"first\", got {other:?}"),
+                );
+                DuplicateKeyHeader::Reject
+            }
+        };
         let cost = raw.cost.unwrap_or(1);
         if let Some(cap) = capacity {
             if cost == 0 || cost > cap {
@@ -80,6 +92,7 @@ impl Validator<'_> {
             refill: refill.expect("no problem means a rate"),
             key,
             on_missing_key,
+            on_duplicate_key_header,
             shadow: raw.shadow.unwrap_or(false),
             cost,
         })

@@ -202,7 +202,24 @@ impl Validator<'_> {
                 format!("must be between 32 and 128, got {ipv6_prefix}"),
             );
         }
-        let routes = self.routes(raw.routes, default_fail.unwrap_or(FailMode::Open));
+        let path_escaped_slashes = match raw.path_escaped_slashes.as_deref() {
+            None | Some("reject") => EscapedSlashes::Reject,
+            Some("keep") => EscapedSlashes::Keep,
+            Some(other) => {
+                self.problem(
+                    None,
+                    vec![key("path_escaped_slashes")],
+                    format!("must be \"reject\" or \"keep\", got {other:?}"),
+                );
+                EscapedSlashes::Reject
+            }
+        };
+        let downstream = self.downstream(raw.downstream);
+        let routes = self.routes(
+            raw.routes,
+            default_fail.unwrap_or(FailMode::Open),
+            path_escaped_slashes,
+        );
         Some(Config {
             listen: listen?,
             admin: admin?,
@@ -215,9 +232,65 @@ impl Validator<'_> {
                 trusted_proxies,
                 ipv6_prefix,
             },
+            path_escaped_slashes,
+            downstream,
             routes,
             warnings: std::mem::take(&mut self.warnings),
         })
+    }
+
+    fn downstream(&mut self, raw: Option<super::raw::RawDownstream>) -> Downstream {
+        let defaults = Downstream::default();
+        let Some(raw) = raw else { return defaults };
+        let number = |v: &mut Self, field: &str, raw: Option<u64>, default: u64, max: u64| {
+            let n = raw.unwrap_or(default);
+            if !(1..=max).contains(&n) {
+                v.problem(
+                    None,
+                    vec![key("downstream"), key(field)],
+                    format!("must be between 1 and {max}, got {n}"),
+                );
+            }
+            n
+        };
+        let ms = |d: Duration| d.as_millis() as u64;
+        Downstream {
+            header_timeout: Duration::from_millis(number(
+                self,
+                "header_timeout_ms",
+                raw.header_timeout_ms,
+                ms(defaults.header_timeout),
+                3_600_000,
+            )),
+            idle_timeout: Duration::from_millis(number(
+                self,
+                "idle_timeout_ms",
+                raw.idle_timeout_ms,
+                ms(defaults.idle_timeout),
+                3_600_000,
+            )),
+            body_timeout: Duration::from_millis(number(
+                self,
+                "body_timeout_ms",
+                raw.body_timeout_ms,
+                ms(defaults.body_timeout),
+                3_600_000,
+            )),
+            max_connections: number(
+                self,
+                "max_connections",
+                raw.max_connections,
+                defaults.max_connections as u64,
+                10_000_000,
+            ) as usize,
+            max_requests_per_connection: number(
+                self,
+                "max_requests_per_connection",
+                raw.max_requests_per_connection,
+                u64::from(defaults.max_requests_per_connection),
+                1_000_000_000,
+            ) as u32,
+        }
     }
 
     fn address(&mut self, route: Option<&str>, path: Vec<Seg>, text: &str) -> Option<SocketAddr> {

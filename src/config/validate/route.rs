@@ -11,6 +11,7 @@ impl Validator<'_> {
         &mut self,
         raw: Vec<serde_yaml::Value>,
         default_fail: FailMode,
+        slashes: EscapedSlashes,
     ) -> Vec<Route> {
         if raw.is_empty() {
             self.problem(None, vec![key("routes")], "at least one route is required");
@@ -40,7 +41,7 @@ impl Validator<'_> {
                     );
                 }
             }
-            if let Some(route) = self.route(&label, &base, raw, default_fail) {
+            if let Some(route) = self.route(&label, &base, raw, default_fail, slashes) {
                 routes.push(route);
             }
         }
@@ -53,6 +54,7 @@ impl Validator<'_> {
         base: &[Seg],
         raw: RawRoute,
         default_fail: FailMode,
+        slashes: EscapedSlashes,
     ) -> Option<Route> {
         let r = Some(label);
         let before = self.problems.len();
@@ -64,6 +66,33 @@ impl Validator<'_> {
                 at(base, &["match", "path_prefix"]),
                 format!("{path_prefix:?} must start with /"),
             );
+        } else {
+            // Requests are matched on their canonical path: any other spelling never matches.
+            match crate::canonical::normalize_path(path_prefix.as_bytes(), slashes) {
+                Ok(canonical) if canonical == path_prefix => {}
+                Ok(canonical) => self.problem(
+                    r,
+                    at(base, &["match", "path_prefix"]),
+                    format!(
+                        "{path_prefix:?} is not a canonical path, so no request would match it: write {canonical:?}"
+                    ),
+                ),
+                Err(_) => {
+                    let kept = crate::canonical::normalize_path(
+                        path_prefix.as_bytes(),
+                        EscapedSlashes::Keep,
+                    );
+                    let why = match kept {
+                        Ok(_) => "holds an escaped / or \\, and requests that do are refused unless path_escaped_slashes is \"keep\"",
+                        Err(_) => "holds a control byte or a malformed escape: no request can match it",
+                    };
+                    self.problem(
+                        r,
+                        at(base, &["match", "path_prefix"]),
+                        format!("{path_prefix:?} {why}"),
+                    );
+                }
+            }
         }
         let host = raw.matcher.host.map(|h| h.to_ascii_lowercase());
         if let Some(h) = &host {
@@ -176,6 +205,7 @@ impl Validator<'_> {
             health_check,
             on_redis_error,
             shadow: raw.shadow.unwrap_or(false),
+            preserve_raw_path: raw.preserve_raw_path.unwrap_or(false),
             allow,
             deny,
             limits,

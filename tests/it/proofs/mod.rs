@@ -9,6 +9,7 @@
 //! | `clock: proxy` over-admits at most rate × skew, never accumulating; `clock: redis` none | `clock_modes.rs` |
 //! | capacity 1 and 10^9, 1/d and 10^6/s, cost = capacity, idle and expiry, drift, long keys | `edge_cases.rs` |
 //! | thousands of concurrent requests: every decision counted once | `one_proxy.rs` |
+//! | every spelling of a path (escapes, dot segments, slashes) meets one canonical form: one route, one bucket | `canonical.rs` |
 //!
 //! Covered elsewhere, not repeated here: a limit changed by reload while a bucket is half empty
 //! (`lua_script::a_changed_limit_keeps_the_tokens_held_within_the_new_capacity`, the
@@ -19,6 +20,7 @@
 //!
 //! Long variants are `#[ignore]`d; `cargo test --test it proofs -- --ignored` runs them all.
 
+mod canonical;
 mod clock_modes;
 mod differential;
 mod edge_cases;

@@ -21,6 +21,8 @@ pub struct Proxy {
     upgrade_sock: PathBuf,
     /// Extra environment for the process.
     env: Vec<(String, String)>,
+    /// `ulimit -n` for the process alone.
+    fd_limit: Option<u64>,
 }
 
 impl Proxy {
@@ -31,6 +33,15 @@ impl Proxy {
 
     /// `start`, with these variables in the proxy's environment.
     pub fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Proxy {
+        Proxy::start_with(yaml, env, None)
+    }
+
+    /// `start`, the process limited to `fds` open files (`ulimit -n`, soft and hard).
+    pub fn start_with_fd_limit(yaml: &str, fds: u64) -> Proxy {
+        Proxy::start_with(yaml, &[], Some(fds))
+    }
+
+    fn start_with(yaml: &str, env: &[(&str, &str)], fd_limit: Option<u64>) -> Proxy {
         let mut last = String::new();
         // A free port can be taken between our probe and the proxy's bind: try fresh ones.
         for _ in 0..3 {
@@ -52,6 +63,7 @@ impl Proxy {
                     .iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
+                fd_limit,
             };
             match proxy.spawn(false) {
                 Ok(()) => return proxy,
@@ -74,7 +86,16 @@ impl Proxy {
     fn spawn(&mut self, upgrade: bool) -> Result<(), String> {
         std::fs::write(self.config_path(), &self.config).expect("write config");
         let stderr = std::fs::File::create(self.stderr_path()).expect("stderr file");
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match self.fd_limit {
+            Some(n) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                    .arg(BIN);
+                sh
+            }
+            None => Command::new(BIN),
+        };
         cmd.arg("--config")
             .arg(self.config_path())
             .arg("--upgrade-sock")
@@ -208,6 +229,7 @@ impl Proxy {
             config: self.config.clone(),
             upgrade_sock: self.upgrade_sock.clone(),
             env: self.env.clone(),
+            fd_limit: self.fd_limit,
         };
         next.spawn(true)
             .unwrap_or_else(|e| panic!("upgrade instance: {e}"));

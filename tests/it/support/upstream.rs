@@ -1,6 +1,7 @@
 //! The service behind the proxy: a small HTTP/1.1 server on an ephemeral port that answers 200 and
-//! counts what reaches it, so a test can prove a rejected request never did, and keeps the headers
-//! of the last request, so a test can see what the proxy forwarded. `/slow` takes 700 ms.
+//! counts what reaches it, so a test can prove a rejected request never did, and keeps every
+//! request line and the last request's headers and body, so a test can see exactly what the proxy
+//! forwarded. `/slow` takes 700 ms.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -12,6 +13,10 @@ struct Seen {
     hits: AtomicU64,
     /// Lower-case name and value of every header of the last request.
     last_headers: Mutex<Vec<(String, String)>>,
+    /// The request line of every request, in order of arrival.
+    lines: Mutex<Vec<String>>,
+    /// The body of the last request.
+    last_body: Mutex<Vec<u8>>,
 }
 
 pub struct Upstream {
@@ -38,6 +43,22 @@ impl Upstream {
     /// Requests that reached the upstream so far.
     pub fn hits(&self) -> u64 {
         self.seen.hits.load(Ordering::SeqCst)
+    }
+
+    /// The request target of every request that reached the upstream, in order.
+    pub fn targets(&self) -> Vec<String> {
+        self.seen
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|l| l.split(' ').nth(1).unwrap_or_default().to_string())
+            .collect()
+    }
+
+    /// The body of the last request that reached the upstream.
+    pub fn last_body(&self) -> Vec<u8> {
+        self.seen.last_body.lock().unwrap().clone()
     }
 
     /// Every value of header `name` in the last request that reached the upstream.
@@ -87,6 +108,11 @@ fn serve(stream: TcpStream, seen: &Seen) {
             return;
         }
         *seen.last_headers.lock().unwrap() = headers;
+        *seen.last_body.lock().unwrap() = body;
+        seen.lines
+            .lock()
+            .unwrap()
+            .push(request_line.trim_end().to_string());
         seen.hits.fetch_add(1, Ordering::SeqCst);
         if request_line.contains(" /slow") {
             // Long enough to still be in flight when a test signals the proxy, and longer than a

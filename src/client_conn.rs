@@ -1,0 +1,230 @@
+//! A client connection as Pingora reads it: the head this proxy has already read (with its
+//! deadlines) comes first, then only as many bytes as the request's body has.
+//!
+//! Bytes past the body are the next request's (a pipelining client sends it without waiting).
+//! They are held back, so Pingora neither takes them for body bytes nor, probing the connection
+//! while the upstream answers, for a client that broke the protocol; the next request is read
+//! from them in its turn. While bytes are held, reads still watch the socket, so a client that
+//! closes is seen.
+
+use crate::head::Body;
+use async_trait::async_trait;
+use bytes::{Buf, Bytes, BytesMut};
+use pingora::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, Ssl, Stream, UniqueID,
+    UniqueIDType, ALPN,
+};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// More held bytes than this (a client pipelining megabytes behind one request) is an error.
+const MAX_HELD: usize = 1 << 20;
+
+#[derive(Debug)]
+pub struct ClientConn {
+    inner: Stream,
+    /// The head Pingora is about to parse.
+    head: Bytes,
+    /// What may be read after the head: `None` is unbounded (chunked, tunnel).
+    allowance: Option<u64>,
+    /// Read from the socket but not Pingora's yet: the next request's bytes.
+    held: BytesMut,
+}
+
+impl ClientConn {
+    pub fn new(inner: Stream) -> ClientConn {
+        ClientConn {
+            inner,
+            head: Bytes::new(),
+            allowance: None,
+            held: BytesMut::new(),
+        }
+    }
+
+    /// Bytes already read for the next head (pipelined behind the last request).
+    pub fn take_held(&mut self) -> BytesMut {
+        std::mem::take(&mut self.held)
+    }
+
+    /// The socket itself, for reading the next head.
+    pub fn socket(&mut self) -> &mut Stream {
+        &mut self.inner
+    }
+
+    /// The next request: `head` is what Pingora reads first; after it, the body as `body` frames
+    /// it; `rest` came after the head on the same reads.
+    pub fn next_request(&mut self, head: Bytes, body: Body, rest: BytesMut) {
+        self.head = head;
+        self.allowance = match body {
+            Body::Length(n) => Some(n),
+            Body::Chunked | Body::Tunnel => None,
+        };
+        self.held = rest;
+    }
+}
+
+impl AsyncRead for ClientConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        if !this.head.is_empty() {
+            let n = this.head.len().min(buf.remaining());
+            buf.put_slice(&this.head[..n]);
+            this.head.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        let allowed = this
+            .allowance
+            .map_or(usize::MAX, |a| usize::try_from(a).unwrap_or(usize::MAX));
+        if allowed > 0 {
+            let n = if !this.held.is_empty() {
+                let n = this.held.len().min(buf.remaining()).min(allowed);
+                buf.put_slice(&this.held[..n]);
+                this.held.advance(n);
+                n
+            } else {
+                let room = buf.remaining().min(allowed);
+                let mut limited = buf.take(room);
+                match Pin::new(&mut this.inner).poll_read(cx, &mut limited) {
+                    Poll::Ready(Ok(())) => {}
+                    other => return other,
+                }
+                let n = limited.filled().len();
+                // `take` filled the caller's own memory.
+                unsafe { buf.assume_init(n) };
+                buf.advance(n);
+                n
+            };
+            if let Some(a) = this.allowance.as_mut() {
+                *a -= n as u64;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        // The body is complete: whatever comes now belongs to the next request. Keep it, and
+        // answer like an idle socket: pending while the client is there, end of file once gone.
+        let mut scratch = [0u8; 4096];
+        loop {
+            let mut read = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut this.inner).poll_read(cx, &mut read) {
+                Poll::Ready(Ok(())) if read.filled().is_empty() => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(())) => {
+                    if this.held.len() + read.filled().len() > MAX_HELD {
+                        return Poll::Ready(Err(std::io::Error::other(
+                            "more than 1 MiB pipelined behind one request",
+                        )));
+                    }
+                    this.held.extend_from_slice(read.filled());
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+impl AsyncWrite for ClientConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[async_trait]
+impl Shutdown for ClientConn {
+    async fn shutdown(&mut self) {
+        self.inner.shutdown().await
+    }
+}
+
+impl UniqueID for ClientConn {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for ClientConn {
+    fn get_ssl(&self) -> Option<&pingora::protocols::tls::TlsRef> {
+        self.inner.get_ssl()
+    }
+
+    fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for ClientConn {
+    fn get_timing_digest(&self) -> Vec<Option<pingora::protocols::TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> std::time::Duration {
+        self.inner.get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> std::time::Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for ClientConn {
+    fn get_proxy_digest(&self) -> Option<Arc<pingora::protocols::raw_connect::ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+
+    fn set_proxy_digest(&mut self, digest: pingora::protocols::raw_connect::ProxyDigest) {
+        self.inner.set_proxy_digest(digest)
+    }
+}
+
+impl GetSocketDigest for ClientConn {
+    fn get_socket_digest(&self) -> Option<Arc<pingora::protocols::SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+
+    fn set_socket_digest(&mut self, digest: pingora::protocols::SocketDigest) {
+        self.inner.set_socket_digest(digest)
+    }
+}
+
+#[async_trait]
+impl Peek for ClientConn {
+    async fn try_peek(&mut self, buf: &mut [u8]) -> std::io::Result<bool> {
+        if self.head.is_empty() {
+            return self.inner.try_peek(buf).await;
+        }
+        let n = self.head.len().min(buf.len());
+        buf[..n].copy_from_slice(&self.head[..n]);
+        Ok(true)
+    }
+}

@@ -1,0 +1,263 @@
+//! Client connections: how many, how long each may take, and the head of each request read here
+//! before Pingora parses it.
+//!
+//! Pingora times a request head out per read (one byte a minute keeps a head open forever), keeps
+//! an HTTP/1.1 connection alive without limit, and has no cap on connections. So each connection
+//! passes through here: over `max_connections` it is closed at accept; each head must arrive
+//! whole within `header_timeout` (from the connection's start for its first request, from its
+//! first byte after that), a kept-alive connection may idle for `idle_timeout`, and each body
+//! read waits at most `body_timeout`. Pingora then parses a head that is already in memory.
+
+use crate::canonical::Refused;
+use crate::client_conn::ClientConn;
+use crate::config::Downstream;
+use crate::head;
+use crate::metrics::{Closed, Metrics};
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::apps::{HttpServerApp, ServerApp};
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::Stream;
+use pingora::server::ShutdownWatch;
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+/// Pingora's own limit on a request head.
+const MAX_HEAD: usize = 1 << 20;
+
+pub struct Connections<A> {
+    app: Arc<A>,
+    limits: Downstream,
+    open: Arc<Semaphore>,
+    metrics: Metrics,
+}
+
+impl<A> Connections<A> {
+    pub fn new(app: A, limits: Downstream, metrics: Metrics) -> Connections<A> {
+        Connections {
+            app: Arc::new(app),
+            open: Arc::new(Semaphore::new(limits.max_connections)),
+            limits,
+            metrics,
+        }
+    }
+}
+
+/// How reading a head ended, when it did not yield one.
+enum NoHead {
+    /// The client closed (or reset) between requests: nothing to say.
+    Gone,
+    /// Closed mid-head, or the socket failed.
+    Reset,
+    /// A kept-alive connection sent nothing for `idle_timeout`.
+    Idle,
+    /// The head did not arrive whole in time; `true` when some of it had.
+    Slow(bool),
+    TooLarge,
+    Refused(Refused),
+    ShuttingDown,
+}
+
+#[async_trait]
+impl<A> ServerApp for Connections<A>
+where
+    A: HttpServerApp + Send + Sync + 'static,
+{
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        let started = Instant::now();
+        let Ok(_permit) = self.open.clone().try_acquire_owned() else {
+            // Dropping the stream closes it: no fd or task is held for a client over the cap.
+            self.metrics.connection_closed(Closed::MaxConnections);
+            return None;
+        };
+        let _open = self.metrics.connection_open();
+        let mut conn = Box::new(ClientConn::new(stream));
+        let mut settings = None;
+        let mut first = true;
+        loop {
+            match self.read_head(&mut conn, first, started, shutdown).await {
+                Ok(()) => {}
+                Err(end) => {
+                    self.close(&mut conn, end).await;
+                    return None;
+                }
+            }
+            let mut session = ServerSession::new_http1(conn);
+            match settings.take() {
+                Some(previous) => {
+                    pingora::apps::HttpPersistentSettings::apply_to_session(previous, &mut session)
+                }
+                None => {
+                    // Any timeout: it only says "reuse"; the next head is read here, not by
+                    // Pingora. Pingora counts the reuses left down from this.
+                    session.set_keepalive(Some(self.limits.idle_timeout.as_secs().max(1)));
+                    session.set_keepalive_reuses_remaining(Some(
+                        self.limits.max_requests_per_connection - 1,
+                    ));
+                }
+            }
+            if *shutdown.borrow() {
+                session.set_keepalive(None);
+            }
+            session.set_read_timeout(Some(self.limits.body_timeout));
+            let reused = self.app.process_new_http(session, shutdown).await?;
+            let (stream, next) = reused.consume();
+            conn = stream.into_any().downcast::<ClientConn>().ok()?;
+            settings = next;
+            first = false;
+        }
+    }
+
+    async fn cleanup(&self) {
+        self.app.http_cleanup().await
+    }
+}
+
+impl<A> Connections<A> {
+    /// Reads the next request head into `conn`, within its deadlines.
+    async fn read_head(
+        &self,
+        conn: &mut ClientConn,
+        first: bool,
+        started: Instant,
+        shutdown: &ShutdownWatch,
+    ) -> Result<(), NoHead> {
+        let mut buf = conn.take_held();
+        // The first head is due `header_timeout` after the connection opened; a later one after
+        // its first byte, which a kept-alive connection may wait `idle_timeout` for.
+        let mut deadline = match (first, buf.is_empty()) {
+            (true, _) => Some(started + self.limits.header_timeout),
+            (false, false) => Some(Instant::now() + self.limits.header_timeout),
+            (false, true) => None,
+        };
+        let idle_until = Instant::now() + self.limits.idle_timeout;
+        let mut from = 0;
+        loop {
+            if let Some(end) = head::end(&buf, from) {
+                let rest = buf.split_off(end);
+                let body = head::inspect(&buf).map_err(NoHead::Refused)?;
+                conn.next_request(Bytes::from(buf), body, rest);
+                return Ok(());
+            }
+            if buf.len() > MAX_HEAD {
+                return Err(NoHead::TooLarge);
+            }
+            from = head::resume_at(&buf);
+            let until = deadline.unwrap_or(idle_until);
+            let mut shutdown = shutdown.clone();
+            let read = tokio::select! {
+                biased;
+                _ = shutdown.changed() => return Err(NoHead::ShuttingDown),
+                read = tokio::time::timeout_at(until, conn.socket().read_buf(&mut buf)) => read,
+            };
+            match read {
+                Err(_) if deadline.is_none() => return Err(NoHead::Idle),
+                Err(_) => {
+                    return Err(NoHead::Slow(
+                        !buf.iter().all(|b| matches!(b, b'\r' | b'\n')),
+                    ))
+                }
+                Ok(Ok(0)) | Ok(Err(_)) if buf.is_empty() => return Err(NoHead::Gone),
+                Ok(Ok(0)) | Ok(Err(_)) => return Err(NoHead::Reset),
+                Ok(Ok(_)) => {
+                    if deadline.is_none() {
+                        deadline = Some(Instant::now() + self.limits.header_timeout);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends a connection that yielded no head: counted, answered where HTTP has an answer.
+    async fn close(&self, conn: &mut ClientConn, end: NoHead) {
+        let answer: Option<(&str, &str)> = match end {
+            NoHead::Gone | NoHead::ShuttingDown => None,
+            NoHead::Reset => {
+                self.metrics.connection_closed(Closed::ClientReset);
+                None
+            }
+            NoHead::Idle => {
+                self.metrics.connection_closed(Closed::IdleTimeout);
+                None
+            }
+            NoHead::Slow(started) => {
+                self.metrics.connection_closed(Closed::HeaderTimeout);
+                started.then_some(("408 Request Timeout", "the request head took too long"))
+            }
+            NoHead::TooLarge => Some((
+                "431 Request Header Fields Too Large",
+                "the request head is larger than 1 MiB",
+            )),
+            NoHead::Refused(why) => {
+                self.metrics.refused(why);
+                log::debug!("refused a request: {}", why.explain());
+                Some(("400 Bad Request", why.explain()))
+            }
+        };
+        let socket = conn.socket();
+        if let Some((status, text)) = answer {
+            let response = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}\n",
+                text.len() + 1
+            );
+            let write = async {
+                socket.write_all(response.as_bytes()).await?;
+                socket.flush().await
+            };
+            // A client that does not read its answer does not hold the connection.
+            let _ = tokio::time::timeout(self.limits.header_timeout, write).await;
+        }
+        let _ = tokio::time::timeout(
+            self.limits.header_timeout,
+            pingora::protocols::Shutdown::shutdown(&mut **socket),
+        )
+        .await;
+    }
+}
+
+/// Makes room for `max_connections` clients in the file-descriptor limit: each may hold an
+/// upstream connection too, and at the limit new connections fail at accept (Pingora then pauses
+/// accepting for a second). The soft limit is raised as far as the hard one allows (as Go's
+/// runtime does); a warning says what is still missing.
+pub fn make_room_for(max_connections: usize) -> Option<String> {
+    let needed = fds_needed(max_connections);
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given, nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return None;
+    }
+    if limit.rlim_cur < needed {
+        let raised = libc::rlimit {
+            rlim_cur: needed.min(limit.rlim_max),
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit reads the struct it is given; raising the soft limit up to the hard
+        // one needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            limit.rlim_cur = raised.rlim_cur;
+        }
+    }
+    (limit.rlim_cur < needed).then(|| {
+        format!(
+            "downstream.max_connections is {max_connections}, which may need {needed} file \
+             descriptors (a client and an upstream connection each, and some to spare), but the \
+             limit is {} (ulimit -n): raise it, or lower max_connections",
+            limit.rlim_cur
+        )
+    })
+}
+
+/// File descriptors `max_connections` clients may need: two each, and 100 for listeners, Redis and
+/// the rest.
+pub fn fds_needed(max_connections: usize) -> u64 {
+    max_connections as u64 * 2 + 100
+}

@@ -1,0 +1,378 @@
+//! Client connections held to their limits, as a hostile client meets them: a head sent a byte at
+//! a time, a kept-alive connection that idles, a body that stalls, more connections than allowed,
+//! a flood at a low file-descriptor limit; pipelined requests served in order; a taken port that
+//! stops the start; and a log no client can fill.
+//!
+//! The limits are short (hundreds of milliseconds) so that a closed connection is seen soon; the
+//! bounds asserted are several times longer, since the point is that the connection is closed at
+//! all (before this, none ever was).
+
+use crate::scenarios::{Backend, Setup};
+use crate::support::proxy::{Proxy, BIN};
+use crate::support::upstream::Upstream;
+use crate::support::wait_for;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ROUTE: &str = "  - name: api\n    upstream: \"{upstream}\"\n";
+
+/// 400 ms for a head, an idle keep-alive and a body read.
+const SHORT: &str =
+    "downstream:\n  header_timeout_ms: 400\n  idle_timeout_ms: 400\n  body_timeout_ms: 400\n";
+
+/// How long a test waits for something the limits above must cause.
+const SOON: Duration = Duration::from_secs(5);
+
+fn closed(s: &Setup, reason: &str) -> u64 {
+    s.proxy.metric(&format!(
+        "ratelimit_connections_closed_total{{reason=\"{reason}\"}}"
+    )) as u64
+}
+
+fn open_connections(s: &Setup) -> u64 {
+    s.proxy.metric("ratelimit_connections_open") as u64
+}
+
+/// Reads what the server sends until it closes the connection, at most `limit`.
+fn read_to_close(stream: &mut TcpStream, limit: Duration) -> Option<String> {
+    let deadline = Instant::now() + limit;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    stream
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    while Instant::now() < deadline {
+        match stream.read(&mut buf) {
+            Ok(0) => return Some(String::from_utf8_lossy(&got).into_owned()),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return Some(String::from_utf8_lossy(&got).into_owned()),
+        }
+    }
+    None
+}
+
+/// Reads one response whose body is `Content-Length` long, leaving the connection open.
+fn read_response(stream: &mut TcpStream) -> String {
+    stream.set_read_timeout(Some(SOON)).unwrap();
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        assert_eq!(stream.read(&mut byte).unwrap(), 1, "closed mid-response");
+        got.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&got).into_owned();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap())
+        })
+        .expect("a Content-Length");
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).unwrap();
+    head + &String::from_utf8_lossy(&body)
+}
+
+#[test]
+fn a_head_sent_a_byte_at_a_time_is_cut_off_with_408() {
+    let s = Setup::start_with_config(Backend::Memory, ROUTE, SHORT);
+    let started = Instant::now();
+    let mut slow: Vec<Option<TcpStream>> = (0..50)
+        .map(|_| {
+            let mut c = TcpStream::connect(s.proxy.addr).unwrap();
+            c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n").unwrap();
+            c.set_nonblocking(true).unwrap();
+            Some(c)
+        })
+        .collect();
+    let mut answers = Vec::new();
+    // A header byte to every connection every 50 ms, as a slowloris client does, until the proxy
+    // has closed them all.
+    while slow.iter().any(Option::is_some) && started.elapsed() < SOON {
+        for slot in &mut slow {
+            let Some(c) = slot else { continue };
+            let _ = c.write_all(b"X");
+            let mut buf = [0u8; 1024];
+            match c.read(&mut buf) {
+                Ok(0) => *slot = None,
+                Ok(n) => answers.push(String::from_utf8_lossy(&buf[..n]).into_owned()),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(_) => *slot = None,
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        slow.iter().all(Option::is_none),
+        "still open after {SOON:?}"
+    );
+    assert_eq!(answers.len(), 50, "{answers:?}");
+    assert!(
+        answers.iter().all(|a| a.starts_with("HTTP/1.1 408 ")),
+        "{answers:?}"
+    );
+    assert_eq!(closed(&s, "header_timeout"), 50);
+    wait_for("no open connection", SOON, || {
+        (open_connections(&s) == 0).then_some(())
+    });
+    assert_eq!(s.upstream.hits(), 0);
+}
+
+#[test]
+fn an_idle_keep_alive_is_closed_and_a_trickled_next_head_too() {
+    let s = Setup::start_with_config(Backend::Memory, ROUTE, SHORT);
+    // Idle after one request.
+    let mut c = TcpStream::connect(s.proxy.addr).unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    assert!(read_response(&mut c).starts_with("HTTP/1.1 200 "));
+    let idle_from = Instant::now();
+    assert_eq!(
+        read_to_close(&mut c, SOON).as_deref(),
+        Some(""),
+        "closed, silently"
+    );
+    assert!(
+        idle_from.elapsed() >= Duration::from_millis(350),
+        "{:?}",
+        idle_from.elapsed()
+    );
+    assert_eq!(closed(&s, "idle_timeout"), 1);
+
+    // The next head begun at once, then a byte now and then: the head's deadline counts from
+    // its first byte, not from each byte.
+    let mut c = TcpStream::connect(s.proxy.addr).unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    read_response(&mut c);
+    c.set_nonblocking(true).unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        assert!(started.elapsed() < SOON, "still open: {answer:?}");
+        let _ = c.write_all(b"G");
+        match c.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(_) => break,
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer:?}");
+    assert_eq!(closed(&s, "header_timeout"), 1);
+    assert_eq!(s.upstream.hits(), 2);
+}
+
+#[test]
+fn a_stalled_body_is_cut_off_with_408() {
+    let s = Setup::start_with_config(Backend::Memory, ROUTE, SHORT);
+    let mut c = TcpStream::connect(s.proxy.addr).unwrap();
+    c.write_all(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n0123456789")
+        .unwrap();
+    let answer = read_to_close(&mut c, SOON).expect("closed within 5 s");
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer:?}");
+    assert_eq!(closed(&s, "body_timeout"), 1);
+    assert_eq!(
+        s.upstream.hits(),
+        0,
+        "the upstream never got a whole request"
+    );
+}
+
+#[test]
+fn connections_beyond_max_connections_are_closed_at_accept() {
+    let s = Setup::start_with_config(
+        Backend::Memory,
+        ROUTE,
+        "downstream:\n  max_connections: 5\n  header_timeout_ms: 30000\n",
+    );
+    // The scrape of the admin listener is not counted: it is another listener.
+    let held: Vec<TcpStream> = (0..5)
+        .map(|_| TcpStream::connect(s.proxy.addr).unwrap())
+        .collect();
+    wait_for("five open connections", SOON, || {
+        (open_connections(&s) == 5).then_some(())
+    });
+    let mut sixth = TcpStream::connect(s.proxy.addr).unwrap();
+    assert_eq!(
+        read_to_close(&mut sixth, SOON).as_deref(),
+        Some(""),
+        "closed at once, without a word"
+    );
+    assert_eq!(closed(&s, "max_connections"), 1);
+    drop(held);
+    wait_for("the five to close", SOON, || {
+        (open_connections(&s) == 0).then_some(())
+    });
+    assert_eq!(s.proxy.get("/", &[]).status, 200, "room again");
+}
+
+/// The process may open only 160 files (it needs about 30 of them itself). 300 clients connect
+/// and send nothing; the proxy keeps at most `max_connections` of them (each until its head
+/// deadline) and closes the rest at accept: its admin listener answers throughout, and a new
+/// client is served as soon as the limit sheds the idle ones. (A burst can still briefly find no
+/// descriptor left for accept(); Pingora then pauses that listener for a second and says so.)
+#[test]
+fn a_flood_of_idle_connections_at_a_low_fd_limit_does_not_lock_clients_out() {
+    let upstream = Upstream::start();
+    let yaml = format!(
+        "listen: \"{{listen}}\"\nadmin: \"{{admin}}\"\ndownstream:\n  max_connections: 40\n  header_timeout_ms: 1000\nroutes:\n{}",
+        ROUTE.replace("{upstream}", &upstream.addr.to_string())
+    );
+    let proxy = Proxy::start_with_fd_limit(&yaml, 160);
+    let flood: Vec<TcpStream> = (0..300)
+        .filter_map(|_| TcpStream::connect(proxy.addr).ok())
+        .collect();
+    assert_eq!(
+        proxy.admin_get("/healthz").status,
+        200,
+        "the admin listener still accepts"
+    );
+    let served = wait_for("a new client to be served", Duration::from_secs(10), || {
+        let r = crate::support::http::send_raw(
+            proxy.addr,
+            b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        );
+        r.ok().filter(|r| r.status == 200)
+    });
+    assert_eq!(served.body, "hello from upstream\n");
+    let shed = proxy.metric("ratelimit_connections_closed_total{reason=\"max_connections\"}");
+    assert!(shed >= 200.0, "{shed}\n{}", proxy.report());
+    let stderr = proxy.stderr();
+    let pauses = stderr.matches("Accept() failed").count();
+    assert!(pauses <= 10, "{pauses} accept failures:\n{stderr}");
+    assert!(
+        stderr.contains("downstream.max_connections is 40, which may need 180 file descriptors"),
+        "the start says the limit is too low for the setting:\n{stderr}"
+    );
+    drop(flood);
+}
+
+fn start_on(listen: SocketAddr, admin: SocketAddr) -> (std::process::Output, Duration) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("routes.yaml");
+    std::fs::write(
+        &path,
+        format!("listen: \"{listen}\"\nadmin: \"{admin}\"\nroutes:\n  - {{ name: a, upstream: \"127.0.0.1:9\" }}\n"),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let child = Command::new(BIN)
+        .arg("--config")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (out, started.elapsed())
+}
+
+fn free_addr() -> SocketAddr {
+    format!("127.0.0.1:{}", crate::support::free_port())
+        .parse()
+        .unwrap()
+}
+
+/// A taken port, for the proxy or its admin listener, stops the start at once: one line that
+/// names the address, exit code 1, and no process left answering `/healthz`.
+#[test]
+fn a_taken_port_stops_the_start_with_one_line() {
+    for what in ["proxy", "admin"] {
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken_addr = taken.local_addr().unwrap();
+        let (listen, admin) = match what {
+            "proxy" => (taken_addr, free_addr()),
+            _ => (free_addr(), taken_addr),
+        };
+        let (out, took) = start_on(listen, admin);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{what}: {stderr}");
+        assert!(took < SOON, "{what}: took {took:?}");
+        assert_eq!(
+            stderr.lines().collect::<Vec<_>>(),
+            [format!(
+                "error: cannot start: cannot listen on {taken_addr} ({what}): Address already in use (os error 98)"
+            )],
+            "{what}"
+        );
+    }
+}
+
+#[test]
+fn pipelined_requests_are_served_in_order() {
+    let s = Setup::start(Backend::Memory, ROUTE);
+    let mut c = TcpStream::connect(s.proxy.addr).unwrap();
+    c.write_all(
+        b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n\
+          POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello\
+          GET /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let answers = read_to_close(&mut c, SOON).expect("closed after the last");
+    assert_eq!(answers.matches("HTTP/1.1 200 ").count(), 3, "{answers}");
+    assert_eq!(s.upstream.targets(), ["/a", "/b", "/c"]);
+}
+
+/// Clients that misbehave or go away write nothing at info or above (they are counted); an
+/// upstream that is down is said once, not once per request.
+#[test]
+fn no_client_can_fill_the_log() {
+    let dead = free_addr();
+    let routes = format!("{ROUTE}  - name: dead\n    match: {{ path_prefix: \"/dead\" }}\n    upstream: \"{dead}\"\n");
+    let routes = routes.replace(
+        "  - name: api\n    upstream: \"{upstream}\"\n",
+        "  - name: api\n    match: { path_prefix: \"/api\" }\n    upstream: \"{upstream}\"\n",
+    );
+    let s = Setup::start_with_config(
+        Backend::Memory,
+        &routes,
+        &format!("{SHORT}  max_connections: 1000\n"),
+    );
+    for i in 0..100 {
+        let mut c = TcpStream::connect(s.proxy.addr).unwrap();
+        match i % 4 {
+            // Gone mid-head.
+            0 => c.write_all(b"GET /api HTTP/1.1\r\nHo").unwrap(),
+            // Garbage.
+            1 => {
+                c.write_all(b"NOT HTTP AT ALL\r\n\r\n").unwrap();
+                let _ = read_to_close(&mut c, SOON);
+            }
+            // Gone while the upstream answers.
+            2 => c
+                .write_all(b"GET /api/slow HTTP/1.1\r\nHost: a\r\n\r\n")
+                .unwrap(),
+            // Gone mid-body.
+            _ => c
+                .write_all(b"POST /api HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc")
+                .unwrap(),
+        }
+        drop(c);
+    }
+    for _ in 0..20 {
+        assert_eq!(s.proxy.get("/dead", &[]).status, 502);
+    }
+    wait_for("the resets to be counted", SOON, || {
+        (closed(&s, "client_reset") >= 50).then_some(())
+    });
+    let log = s.proxy.stderr();
+    let loud: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            l.contains(" ERROR ") || (l.contains(" WARN ") && !l.contains("no `redis:` section"))
+        })
+        .collect();
+    assert_eq!(loud.len(), 1, "{log}");
+    assert!(
+        loud[0].contains(&format!("route dead: upstream {dead} is down for 10 s")),
+        "{}",
+        loud[0]
+    );
+}
