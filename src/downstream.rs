@@ -31,16 +31,40 @@ pub struct Connections<A> {
     app: Arc<A>,
     limits: Downstream,
     open: Arc<Semaphore>,
-    metrics: Metrics,
+    /// `None` for the admin listener: its connections are not the clients' the metrics describe.
+    metrics: Option<Metrics>,
 }
 
+/// Connections the admin listener keeps at most: a few scrapers and health checks need it.
+pub const ADMIN_CONNECTIONS: usize = 256;
+
 impl<A> Connections<A> {
+    /// The proxy listeners' clients, counted in the metrics.
     pub fn new(app: A, limits: Downstream, metrics: Metrics) -> Connections<A> {
+        Connections::with(app, limits, Some(metrics))
+    }
+
+    /// The admin listener: the same deadlines, [`ADMIN_CONNECTIONS`], not counted.
+    pub fn admin(app: A, limits: Downstream) -> Connections<A> {
+        let limits = Downstream {
+            max_connections: ADMIN_CONNECTIONS,
+            ..limits
+        };
+        Connections::with(app, limits, None)
+    }
+
+    fn with(app: A, limits: Downstream, metrics: Option<Metrics>) -> Connections<A> {
         Connections {
             app: Arc::new(app),
             open: Arc::new(Semaphore::new(limits.max_connections)),
             limits,
             metrics,
+        }
+    }
+
+    fn count(&self, why: Closed) {
+        if let Some(m) = &self.metrics {
+            m.connection_closed(why);
         }
     }
 }
@@ -73,10 +97,10 @@ where
         let started = Instant::now();
         let Ok(_permit) = self.open.clone().try_acquire_owned() else {
             // Dropping the stream closes it: no fd or task is held for a client over the cap.
-            self.metrics.connection_closed(Closed::MaxConnections);
+            self.count(Closed::MaxConnections);
             return None;
         };
-        let _open = self.metrics.connection_open();
+        let _open = self.metrics.as_ref().map(Metrics::connection_open);
         let mut conn = Box::new(ClientConn::new(stream));
         let mut settings = None;
         let mut first = true;
@@ -179,15 +203,15 @@ impl<A> Connections<A> {
         let answer: Option<(&str, &str)> = match end {
             NoHead::Gone | NoHead::ShuttingDown => None,
             NoHead::Reset => {
-                self.metrics.connection_closed(Closed::ClientReset);
+                self.count(Closed::ClientReset);
                 None
             }
             NoHead::Idle => {
-                self.metrics.connection_closed(Closed::IdleTimeout);
+                self.count(Closed::IdleTimeout);
                 None
             }
             NoHead::Slow(started) => {
-                self.metrics.connection_closed(Closed::HeaderTimeout);
+                self.count(Closed::HeaderTimeout);
                 started.then_some(("408 Request Timeout", "the request head took too long"))
             }
             NoHead::TooLarge => Some((
@@ -195,7 +219,9 @@ impl<A> Connections<A> {
                 "the request head is larger than 1 MiB",
             )),
             NoHead::Refused(why) => {
-                self.metrics.refused(why);
+                if let Some(m) = &self.metrics {
+                    m.refused(why);
+                }
                 log::debug!("refused a request: {}", why.explain());
                 Some(("400 Bad Request", why.explain()))
             }

@@ -203,7 +203,10 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
     }
     let mut admin = Service::new(
         "admin".to_string(),
-        Admin::new(parts.registry, limiter, parts.plan.clone()),
+        Connections::admin(
+            Admin::new(parts.registry, limiter, parts.plan.clone()),
+            config.downstream,
+        ),
     );
     admin.add_tcp(&config.admin.to_string());
     admin.threads = Some(1);

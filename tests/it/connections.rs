@@ -191,13 +191,20 @@ fn connections_beyond_max_connections_are_closed_at_accept() {
         ROUTE,
         "downstream:\n  max_connections: 5\n  header_timeout_ms: 30000\n",
     );
-    // The scrape of the admin listener is not counted: it is another listener.
-    let held: Vec<TcpStream> = (0..5)
-        .map(|_| TcpStream::connect(s.proxy.addr).unwrap())
-        .collect();
-    wait_for("five open connections", SOON, || {
-        (open_connections(&s) == 5).then_some(())
+    // The start's readiness probe was a connection too: let it go first. (The scrapes of the
+    // admin listener are not counted: it is another listener.)
+    wait_for("no open connection", SOON, || {
+        (open_connections(&s) == 0).then_some(())
     });
+    let held: Vec<TcpStream> = (1..=5)
+        .map(|n| {
+            let c = TcpStream::connect(s.proxy.addr).unwrap();
+            wait_for("the connection to count", SOON, || {
+                (open_connections(&s) == n).then_some(())
+            });
+            c
+        })
+        .collect();
     let mut sixth = TcpStream::connect(s.proxy.addr).unwrap();
     assert_eq!(
         read_to_close(&mut sixth, SOON).as_deref(),
@@ -374,5 +381,54 @@ fn no_client_can_fill_the_log() {
         loud[0].contains(&format!("route dead: upstream {dead} is down for 10 s")),
         "{}",
         loud[0]
+    );
+}
+
+#[test]
+fn a_connection_serves_max_requests_per_connection_then_closes() {
+    let s = Setup::start_with_config(
+        Backend::Memory,
+        ROUTE,
+        "downstream:\n  max_requests_per_connection: 3\n",
+    );
+    let mut c = TcpStream::connect(s.proxy.addr).unwrap();
+    for n in 1..=3 {
+        c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        let response = read_response(&mut c).to_ascii_lowercase();
+        assert!(response.starts_with("http/1.1 200 "), "{n}: {response}");
+        assert_eq!(
+            response.contains("connection: close"),
+            n == 3,
+            "{n}: {response}"
+        );
+    }
+    assert_eq!(read_to_close(&mut c, SOON).as_deref(), Some(""));
+    assert_eq!(s.upstream.hits(), 3);
+}
+
+#[test]
+fn a_head_larger_than_1_mib_gets_431() {
+    let s = Setup::start(Backend::Memory, ROUTE);
+    let mut c = TcpStream::connect(s.proxy.addr).unwrap();
+    let _ = c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nX-Big: ");
+    let _ = c.write_all(&vec![b'a'; 1 << 20]);
+    let answer = read_to_close(&mut c, SOON).expect("closed");
+    assert!(answer.starts_with("HTTP/1.1 431 "), "{answer:?}");
+    assert_eq!(s.upstream.hits(), 0);
+}
+
+/// The admin listener has the same deadlines: a slow head there is cut off too.
+#[test]
+fn the_admin_listener_cuts_off_a_slow_head_too() {
+    let s = Setup::start_with_config(Backend::Memory, ROUTE, SHORT);
+    let mut c = TcpStream::connect(s.proxy.admin).unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\n").unwrap();
+    let answer = read_to_close(&mut c, SOON).expect("closed within 5 s");
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer:?}");
+    assert_eq!(s.proxy.admin_get("/healthz").status, 200);
+    assert_eq!(
+        closed(&s, "header_timeout"),
+        0,
+        "not the clients' connections"
     );
 }
