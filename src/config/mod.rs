@@ -14,6 +14,7 @@ mod validate;
 pub use error::{ConfigError, Problem};
 pub use rate::{Rate, EXACT_LIMIT};
 
+pub use crate::canonical::EscapedSlashes;
 pub use crate::client::{Cidr, ClientIdentity};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -84,16 +85,6 @@ impl Default for Downstream {
             max_requests_per_connection: 10_000,
         }
     }
-}
-
-/// What an escaped `/` (`%2F`) or `\` (`%5C`, or raw) in a path gets: upstreams disagree on
-/// whether they separate segments, so by default the request is refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum EscapedSlashes {
-    #[default]
-    Reject,
-    /// Kept encoded (`%2F`, `%5C`), for upstreams that need them and do not decode them.
-    Keep,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

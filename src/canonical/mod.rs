@@ -1,0 +1,224 @@
+//! The request as routing, keys and the upstream all see it.
+//!
+//! A limit is only worth its promise if a client cannot step around it by spelling the same
+//! request differently: `//login`, `/./login`, `/%6cogin` and `API.example.com.` name what
+//! `/login` and `api.example.com` name. So the head is put in one canonical form before anything
+//! reads it, and the upstream receives that same form: what is counted is exactly what is served.
+//!
+//! The path follows RFC 3986 §6.2.2 (as Envoy's `normalize_path` and `merge_slashes` do):
+//! escapes of unreserved characters are decoded, the others uppercased, repeated slashes merged,
+//! dot segments removed. Encoded slashes and backslashes, whose meaning differs between upstreams,
+//! are refused unless the operator keeps them; control bytes always are. The query is kept byte for
+//! byte. The host is lowercased, without its port and one trailing dot.
+//!
+//! A path that is canonical already (nearly every request) is borrowed, not copied.
+
+use std::borrow::Cow;
+
+mod host;
+mod path;
+
+pub use host::{host, Host};
+pub use path::normalize_path;
+
+/// Why a request was refused before any route saw it, as `ratelimit_requests_refused_total`'s
+/// `reason` label spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The request target is not a path this proxy can put in one canonical form.
+    BadPath,
+    /// The Host (or the target's authority) is missing, repeated or malformed.
+    BadHost,
+    /// A header that a limit keys on came more than once.
+    DuplicateKeyHeader,
+    /// The body's length is ambiguous (`Content-Length` values that differ, or with
+    /// `Transfer-Encoding`).
+    BadFraming,
+}
+
+impl Refused {
+    pub const ALL: [Refused; 4] = [
+        Refused::BadPath,
+        Refused::BadHost,
+        Refused::DuplicateKeyHeader,
+        Refused::BadFraming,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refused::BadPath => "bad_path",
+            Refused::BadHost => "bad_host",
+            Refused::DuplicateKeyHeader => "duplicate_key_header",
+            Refused::BadFraming => "bad_framing",
+        }
+    }
+
+    /// What the 400's body says.
+    pub fn explain(self) -> &'static str {
+        match self {
+            Refused::BadPath => "the request target is not a valid path",
+            Refused::BadHost => "the Host header is missing, repeated or invalid",
+            Refused::DuplicateKeyHeader => {
+                "a header this route's rate limit is keyed on appears more than once"
+            }
+            Refused::BadFraming => "the request body's length is ambiguous",
+        }
+    }
+}
+
+/// What an escaped `/` (`%2F`) or `\` (`%5C`, or raw) in a path gets: upstreams disagree on
+/// whether they separate segments, so by default the request is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EscapedSlashes {
+    #[default]
+    Reject,
+    /// Kept encoded (`%2F`, `%5C`), for upstreams that need them and do not decode them.
+    Keep,
+}
+/// A request target, split (RFC 9112 §3.2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target<'a> {
+    /// The host the absolute form names (`GET http://host/path`); the Host header is ignored then.
+    pub authority: Option<&'a [u8]>,
+    /// Canonical.
+    pub path: Cow<'a, str>,
+    /// As sent, without the `?`.
+    pub query: Option<&'a str>,
+}
+
+/// Splits and normalises a request target as it came on the request line. Origin form
+/// (`/path?query`) and absolute form (`http://host/path`) are accepted, `*` only for OPTIONS.
+pub fn target<'a>(
+    method: &str,
+    raw: &'a [u8],
+    slashes: EscapedSlashes,
+) -> Result<Target<'a>, Refused> {
+    if raw == b"*" {
+        // Asterisk form asks about the server itself; routes only know paths.
+        return match method {
+            "OPTIONS" => Ok(Target {
+                authority: None,
+                path: Cow::Borrowed("*"),
+                query: None,
+            }),
+            _ => Err(Refused::BadPath),
+        };
+    }
+    let (authority, rest) = match raw.first() {
+        Some(b'/') => (None, raw),
+        _ => {
+            let after_scheme = strip_prefix_ignore_case(raw, b"http://")
+                .or_else(|| strip_prefix_ignore_case(raw, b"https://"))
+                .ok_or(Refused::BadPath)?;
+            let end = after_scheme
+                .iter()
+                .position(|b| matches!(b, b'/' | b'?'))
+                .unwrap_or(after_scheme.len());
+            (Some(&after_scheme[..end]), &after_scheme[end..])
+        }
+    };
+    let (path, query) = match rest.iter().position(|&b| b == b'?') {
+        Some(q) => (&rest[..q], Some(&rest[q + 1..])),
+        None => (rest, None),
+    };
+    let query = match query {
+        // Bytes a request line cannot carry are refused; the rest goes on as sent.
+        Some(q) if q.iter().all(|&b| b > b' ' && b != 0x7f && b != b'#') => {
+            Some(std::str::from_utf8(q).map_err(|_| Refused::BadPath)?)
+        }
+        Some(_) => return Err(Refused::BadPath),
+        None => None,
+    };
+    let path = match path {
+        // `http://host` and `http://host?q` name the root.
+        b"" => Cow::Borrowed("/"),
+        p => normalize_path(p, slashes)?,
+    };
+    Ok(Target {
+        authority,
+        path,
+        query,
+    })
+}
+
+fn strip_prefix_ignore_case<'a>(s: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
+    (s.len() >= prefix.len() && s[..prefix.len()].eq_ignore_ascii_case(prefix))
+        .then(|| &s[prefix.len()..])
+}
+/// A request as routing, keys and the upstream see it.
+#[derive(Debug)]
+pub struct Request<'a> {
+    pub target: Target<'a>,
+    /// `None` only for an HTTP/1.0 request without a Host: it matches routes without a host rule.
+    pub host: Option<Host<'a>>,
+}
+
+/// Puts a request head in canonical form: its target (see [`target`]) and its host, from an
+/// absolute-form target or else the one Host header, which HTTP/1.1 requires (RFC 9112 §3.2).
+pub fn request<'a>(
+    method: &str,
+    raw_target: &'a [u8],
+    version: http::Version,
+    headers: &'a http::HeaderMap,
+    slashes: EscapedSlashes,
+) -> Result<Request<'a>, Refused> {
+    let target = target(method, raw_target, slashes)?;
+    let mut hosts = headers.get_all(http::header::HOST).iter();
+    let (first, second) = (hosts.next(), hosts.next());
+    if second.is_some() {
+        return Err(Refused::BadHost);
+    }
+    let host = match (target.authority, first) {
+        (Some(authority), _) => Some(host(authority)?),
+        (None, Some(value)) => Some(host(value.as_bytes())?),
+        (None, None) if version >= http::Version::HTTP_11 => return Err(Refused::BadHost),
+        (None, None) => None,
+    };
+    Ok(Request { target, host })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_split_into_authority_path_and_query() {
+        let t = target("GET", b"/a//b?x=%2F&y=1//2", EscapedSlashes::Reject).unwrap();
+        assert_eq!(
+            (t.authority, &*t.path, t.query),
+            (None, "/a/b", Some("x=%2F&y=1//2"))
+        );
+        let t = target(
+            "GET",
+            b"HTTP://Example.com//login?q",
+            EscapedSlashes::Reject,
+        )
+        .unwrap();
+        assert_eq!(
+            (t.authority, &*t.path, t.query),
+            (Some(&b"Example.com"[..]), "/login", Some("q"))
+        );
+        let t = target("GET", b"http://x", EscapedSlashes::Reject).unwrap();
+        assert_eq!((t.authority, &*t.path), (Some(&b"x"[..]), "/"));
+        assert_eq!(
+            &*target("OPTIONS", b"*", EscapedSlashes::Reject)
+                .unwrap()
+                .path,
+            "*"
+        );
+        for bad in [
+            &b"*"[..],
+            b"login",
+            b"ftp://x/",
+            b"x:80",
+            b"/a?b c",
+            b"/a?b#c",
+        ] {
+            assert_eq!(
+                target("GET", bad, EscapedSlashes::Reject),
+                Err(Refused::BadPath),
+                "{bad:?}"
+            );
+        }
+    }
+}
