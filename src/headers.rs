@@ -100,6 +100,33 @@ impl RouteHeaders {
     }
 }
 
+impl RouteHeaders {
+    /// A rejection's headers, and its body's reasons: the limits that refused it.
+    pub fn rejection<'a>(
+        &'a self,
+        decision: &Decision,
+        limits: &[usize],
+        route: &'a crate::plan::RoutePlan,
+    ) -> (Vec<(&'static str, HeaderValue)>, Refusal<'a>) {
+        let mut extra = Vec::with_capacity(6);
+        self.each(decision, limits, |name, value| extra.push((name, value)));
+        let violated = decision
+            .limits
+            .iter()
+            .zip(limits)
+            .filter(|(l, _)| !l.ok)
+            .map(|(_, &i)| self.limit_name(i))
+            .collect();
+        let why = Refusal {
+            status: route.deny.status,
+            route: &route.name,
+            violated,
+            retry_after: Some(retry_after_secs(decision)),
+        };
+        (extra, why)
+    }
+}
+
 /// `Retry-After` of a rejection: whole seconds, rounded up, at least 1 (0 would invite a retry
 /// that is certain to fail).
 pub fn retry_after_secs(decision: &Decision) -> u64 {

@@ -26,6 +26,7 @@ pub mod deny_cache;
 pub mod downstream;
 pub mod draw;
 pub mod explain;
+pub mod gate;
 pub mod head;
 pub mod headers;
 pub mod health;

@@ -2,13 +2,10 @@
 //! `logging`. What to decide, which headers, which metrics: all of that lives elsewhere.
 
 use crate::canonical::{self, Refused};
-use crate::clock::{Clock, SystemClock};
-use crate::config::FailMode;
-use crate::deny_cache::{Consult, DenyCache};
-use crate::draw::{draws, Draw, Draws, RequestFacts};
+use crate::clock::SystemClock;
+use crate::gate::{Asking, Gate, Verdict};
 use crate::headers::{self, Refusal};
-use crate::limiter::memory::MemoryLimiter;
-use crate::limiter::{Decision, Limiter, LimiterError};
+use crate::limiter::{Decision, Limiter};
 use crate::metrics::{Closed, Metrics, Outcome};
 use crate::plan::{Plan, RoutePlan};
 use crate::reload::LivePlan;
@@ -24,27 +21,15 @@ use std::sync::Arc;
 
 pub struct RateLimitProxy<L> {
     plan: LivePlan,
-    limiter: Arc<L>,
-    /// Only in front of a shared store: the in-memory store answers as fast as the cache would.
-    deny_cache: Option<DenyCache>,
-    /// Decides for `on_redis_error: local` routes while the store fails.
-    fallback: MemoryLimiter<SystemClock>,
+    gate: Gate<L, SystemClock>,
     metrics: Metrics,
 }
 
 impl<L> RateLimitProxy<L> {
-    pub fn new(
-        plan: LivePlan,
-        limiter: Arc<L>,
-        deny_cache: Option<DenyCache>,
-        fallback: MemoryLimiter<SystemClock>,
-        metrics: Metrics,
-    ) -> Self {
+    pub fn new(plan: LivePlan, gate: Gate<L, SystemClock>, metrics: Metrics) -> Self {
         RateLimitProxy {
             plan,
-            limiter,
-            deny_cache,
-            fallback,
+            gate,
             metrics,
         }
     }
@@ -95,82 +80,6 @@ impl Rewrite {
             .filter(|h| !h.as_sent || t.authority.is_some())
             .map(canonical::Host::header_value);
         Rewrite { target, host }
-    }
-}
-
-/// How a request was decided, before anything is written.
-enum Verdict {
-    /// Proxy it, with headers when the state is known.
-    Pass(Outcome, Option<Decision>),
-    /// Answer with the route's deny response and this decision's headers.
-    Reject(Outcome, Decision),
-    /// Answer 503: the store failed and the route fails closed.
-    Unavailable,
-}
-
-impl<L: Limiter> RateLimitProxy<L> {
-    async fn decide(&self, route: &RoutePlan, draw: &Draw) -> Verdict {
-        if draw.is_empty() {
-            return Verdict::Pass(Outcome::Allowed, None);
-        }
-        let Some(cache) = &self.deny_cache else {
-            return self.verdict(route, draw, self.limiter.check(&draw.buckets()).await);
-        };
-        let now = || SystemClock.now_us();
-        let refresh = match cache.consult(&draw.keys, &draw.params, now).await {
-            Consult::Denied(d) => {
-                route.counters.deny_cache_hit();
-                return Verdict::Reject(Outcome::Rejected, d);
-            }
-            Consult::StoreFailed => {
-                return self.verdict(route, draw, Err(LimiterError::Unavailable))
-            }
-            Consult::Ask(refresh) => refresh,
-        };
-        let result = self.limiter.check(&draw.buckets()).await;
-        match (&result, refresh) {
-            (Ok(d), refresh) => cache.note(&draw.keys, &draw.params, d, now(), refresh),
-            (Err(_), Some(refresh)) => refresh.failed(),
-            (Err(_), None) => {}
-        }
-        self.verdict(route, draw, result)
-    }
-
-    /// What the store's answer (or failure) means for this route.
-    fn verdict(
-        &self,
-        route: &RoutePlan,
-        draw: &Draw,
-        result: Result<Decision, LimiterError>,
-    ) -> Verdict {
-        match result {
-            Ok(d) if d.allowed => Verdict::Pass(Outcome::Allowed, Some(d)),
-            Ok(d) => Verdict::Reject(Outcome::Rejected, d),
-            Err(e) => {
-                // Per-request detail stays at debug: an outage would otherwise flood the log, and
-                // the error counter and the breaker's warning already say it is happening.
-                log::debug!("route {}: rate-limit store failed: {e}", route.name);
-                match route.on_redis_error {
-                    FailMode::Open => Verdict::Pass(Outcome::FailOpen, None),
-                    FailMode::Closed => Verdict::Unavailable,
-                    FailMode::Local => match self.fallback.decide(&draw.local_buckets()) {
-                        Ok(d) if d.allowed => Verdict::Pass(Outcome::LocalFallback, Some(d)),
-                        Ok(d) => Verdict::Reject(Outcome::LocalRejected, d),
-                        Err(_) => Verdict::Pass(Outcome::FailOpen, None),
-                    },
-                }
-            }
-        }
-    }
-
-    /// Whether the shadow limits would have rejected the request (unknown counts as no).
-    async fn shadow_rejects(&self, draw: &Draw) -> bool {
-        !draw.is_empty()
-            && self
-                .limiter
-                .check(&draw.buckets())
-                .await
-                .is_ok_and(|d| !d.allowed)
     }
 }
 
@@ -227,26 +136,26 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             .get_all("x-forwarded-for")
             .iter()
             .map(|v| v.as_bytes());
-        let client = peer.map(|p| plan.client.client(p, forwarded));
-        if allowlisted(route, client, &req.headers) {
-            ctx.outcome = Some(Outcome::Bypassed);
-            return Ok(false);
-        }
-        let client_ip = match client {
-            Some(ip) if route.keys_on_client_ip() => ip.to_string(),
-            _ => String::new(),
-        };
-        let facts = RequestFacts {
-            client_ip: &client_ip,
+        let asking = Asking {
+            client: peer.map(|p| plan.client.client(p, forwarded)),
             method: req.method.as_str(),
             path: &request.target.path,
             query: request.target.query,
             headers: &req.headers,
         };
-        let (enforced, shadow) = match draws(route, &facts) {
-            Draws::Buckets { enforced, shadow } => (enforced, shadow),
-            Draws::MissingKey(i) => {
-                ctx.outcome = Some(Outcome::Rejected);
+        let verdict = self.gate.admit(route, &asking).await;
+        ctx.outcome = Some(verdict.outcome());
+        match verdict {
+            Verdict::Pass(_, decision) => {
+                ctx.decision = decision;
+                Ok(false)
+            }
+            Verdict::Reject(_, decision, limits) => {
+                let (extra, why) = route.headers.rejection(&decision, &limits, route);
+                refuse(session, route, extra, &why).await?;
+                Ok(true)
+            }
+            Verdict::MissingKey(i) => {
                 let why = Refusal {
                     status: route.deny.status,
                     route: &route.name,
@@ -254,47 +163,9 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
                     retry_after: None,
                 };
                 refuse(session, route, Vec::new(), &why).await?;
-                return Ok(true);
-            }
-        };
-
-        let (verdict, shadow_rejects) =
-            tokio::join!(self.decide(route, &enforced), self.shadow_rejects(&shadow));
-        match verdict {
-            Verdict::Pass(outcome, decision) => {
-                ctx.outcome = Some(match outcome {
-                    Outcome::Allowed if shadow_rejects => Outcome::ShadowRejected,
-                    other => other,
-                });
-                ctx.decision = decision.map(|d| (d, enforced.limits));
-                Ok(false)
-            }
-            Verdict::Reject(outcome, decision) => {
-                ctx.outcome = Some(outcome);
-                let mut extra = Vec::with_capacity(6);
-                route
-                    .headers
-                    .each(&decision, &enforced.limits, |name, value| {
-                        extra.push((name, value))
-                    });
-                let violated = decision
-                    .limits
-                    .iter()
-                    .zip(&enforced.limits)
-                    .filter(|(l, _)| !l.ok)
-                    .map(|(_, &i)| route.headers.limit_name(i))
-                    .collect();
-                let why = Refusal {
-                    status: route.deny.status,
-                    route: &route.name,
-                    violated,
-                    retry_after: Some(headers::retry_after_secs(&decision)),
-                };
-                refuse(session, route, extra, &why).await?;
                 Ok(true)
             }
             Verdict::Unavailable => {
-                ctx.outcome = Some(Outcome::FailClosed);
                 let body = "503 Service Unavailable: rate-limit store unavailable\n";
                 respond(session, 503, "text/plain; charset=utf-8", Vec::new(), body).await?;
                 Ok(true)
@@ -480,22 +351,6 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
 
 fn route_of(ctx: &RequestCtx) -> Option<&RoutePlan> {
     ctx.plan.as_ref()?.routes.get(ctx.route?)
-}
-
-/// The route's allowlist: a client address in one of its blocks, or a header with its value.
-fn allowlisted(
-    route: &RoutePlan,
-    client: Option<std::net::IpAddr>,
-    headers: &http::HeaderMap,
-) -> bool {
-    let allow = &route.allow;
-    client.is_some_and(|ip| allow.cidrs.iter().any(|c| c.contains(ip)))
-        || allow.headers.iter().any(|(name, value)| {
-            headers
-                .get_all(name.as_str())
-                .iter()
-                .any(|v| v.as_bytes() == value.as_bytes())
-        })
 }
 
 /// Writes the route's deny response.

@@ -8,6 +8,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{ClockSource, Config};
 use crate::deny_cache::DenyCache;
 use crate::downstream::Connections;
+use crate::gate::Gate;
 use crate::health::HealthChecker;
 use crate::limiter::memory::MemoryLimiter;
 use crate::limiter::redis::{RedisLimiter, Security};
@@ -184,15 +185,10 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
         .as_ref()
         .map(|redis| DenyCache::new(DENY_CACHE_ENTRIES, redis.timeout));
     let fallback = MemoryLimiter::new(SystemClock, config.memory.max_keys);
+    let gate = Gate::new(limiter.clone(), deny_cache, fallback, SystemClock);
     let proxy = pingora::proxy::http_proxy(
         &server.configuration,
-        RateLimitProxy::new(
-            parts.plan.clone(),
-            limiter.clone(),
-            deny_cache,
-            fallback,
-            parts.metrics.clone(),
-        ),
+        RateLimitProxy::new(parts.plan.clone(), gate, parts.metrics.clone()),
     );
     let mut proxy = Service::new(
         "ratelimit-proxy".to_string(),

@@ -1,0 +1,454 @@
+//! The decision policy: whether a request on a route passes, with what outcome, and which
+//! decision its response headers describe. No Pingora here: the proxy asks, then writes.
+//!
+//! In order: the route's allowlist (bypassed), the buckets the request draws (a missing key may
+//! refuse it), the enforced limits (through the deny cache when the store is shared) beside the
+//! shadow ones, and the route's `on_redis_error` when the store cannot answer. The deny cache
+//! stays here rather than behind the `Limiter` trait: it reads the clock the gate is given and
+//! counts its hits per route, and neither is the store's business.
+
+use crate::clock::Clock;
+use crate::config::FailMode;
+use crate::deny_cache::{Consult, DenyCache};
+use crate::draw::{draws, Draw, Draws, RequestFacts};
+use crate::limiter::memory::MemoryLimiter;
+use crate::limiter::{Decision, Limiter, LimiterError};
+use crate::metrics::Outcome;
+use crate::plan::RoutePlan;
+use http::HeaderMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+pub struct Gate<L, C> {
+    limiter: Arc<L>,
+    /// Only in front of a shared store: the in-memory store answers as fast as the cache would.
+    deny_cache: Option<DenyCache>,
+    /// Decides for `on_redis_error: local` routes while the store fails.
+    fallback: MemoryLimiter<C>,
+    clock: C,
+}
+
+/// A request as the gate needs it: canonical (`canonical`), its client found (`client`).
+pub struct Asking<'a> {
+    /// `None` when the connection has no IP peer.
+    pub client: Option<IpAddr>,
+    pub method: &'a str,
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    pub headers: &'a HeaderMap,
+}
+
+/// How a request was decided, before anything is written.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Proxy it; with the decision (and the route's index of each of its limits) for the
+    /// response headers when the state is known.
+    Pass(Outcome, Option<(Decision, Vec<usize>)>),
+    /// Answer with the route's deny response, with this decision's headers.
+    Reject(Outcome, Decision, Vec<usize>),
+    /// Answer with the route's deny response: limit `i`'s key is missing and it says `deny`.
+    MissingKey(usize),
+    /// Answer 503: the store failed and the route fails closed.
+    Unavailable,
+}
+
+impl Verdict {
+    /// The `decision` label it is counted under.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Verdict::Pass(o, _) | Verdict::Reject(o, _, _) => *o,
+            Verdict::MissingKey(_) => Outcome::Rejected,
+            Verdict::Unavailable => Outcome::FailClosed,
+        }
+    }
+}
+
+impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
+    pub fn new(
+        limiter: Arc<L>,
+        deny_cache: Option<DenyCache>,
+        fallback: MemoryLimiter<C>,
+        clock: C,
+    ) -> Gate<L, C> {
+        Gate {
+            limiter,
+            deny_cache,
+            fallback,
+            clock,
+        }
+    }
+
+    /// Decides `request` on `route`.
+    pub async fn admit(&self, route: &RoutePlan, request: &Asking<'_>) -> Verdict {
+        if allowlisted(route, request.client, request.headers) {
+            return Verdict::Pass(Outcome::Bypassed, None);
+        }
+        // Formatted only for routes whose keys read it.
+        let client_ip = match request.client {
+            Some(ip) if route.keys_on_client_ip() => ip.to_string(),
+            _ => String::new(),
+        };
+        let facts = RequestFacts {
+            client_ip: &client_ip,
+            method: request.method,
+            path: request.path,
+            query: request.query,
+            headers: request.headers,
+        };
+        let (enforced, shadow) = match draws(route, &facts) {
+            Draws::Buckets { enforced, shadow } => (enforced, shadow),
+            Draws::MissingKey(i) => return Verdict::MissingKey(i),
+        };
+        let (verdict, shadow_rejects) =
+            tokio::join!(self.decide(route, &enforced), self.shadow_rejects(&shadow));
+        match verdict {
+            Decided::Pass(Outcome::Allowed, decision) if shadow_rejects => Verdict::Pass(
+                Outcome::ShadowRejected,
+                decision.map(|d| (d, enforced.limits)),
+            ),
+            Decided::Pass(outcome, decision) => {
+                Verdict::Pass(outcome, decision.map(|d| (d, enforced.limits)))
+            }
+            Decided::Reject(outcome, decision) => {
+                Verdict::Reject(outcome, decision, enforced.limits)
+            }
+            Decided::Unavailable => Verdict::Unavailable,
+        }
+    }
+
+    /// The enforced limits' answer: from the deny cache, or the store, or the route's
+    /// `on_redis_error` when the store fails.
+    async fn decide(&self, route: &RoutePlan, draw: &Draw) -> Decided {
+        if draw.is_empty() {
+            return Decided::Pass(Outcome::Allowed, None);
+        }
+        let Some(cache) = &self.deny_cache else {
+            return self.verdict(route, draw, self.limiter.check(&draw.buckets()).await);
+        };
+        let now = || self.clock.now_us();
+        let refresh = match cache.consult(&draw.keys, &draw.params, now).await {
+            Consult::Denied(d) => {
+                route.counters.deny_cache_hit();
+                return Decided::Reject(Outcome::Rejected, d);
+            }
+            Consult::StoreFailed => {
+                return self.verdict(route, draw, Err(LimiterError::Unavailable))
+            }
+            Consult::Ask(refresh) => refresh,
+        };
+        let result = self.limiter.check(&draw.buckets()).await;
+        match (&result, refresh) {
+            (Ok(d), refresh) => cache.note(&draw.keys, &draw.params, d, now(), refresh),
+            (Err(_), Some(refresh)) => refresh.failed(),
+            (Err(_), None) => {}
+        }
+        self.verdict(route, draw, result)
+    }
+
+    /// What the store's answer (or failure) means for this route.
+    fn verdict(
+        &self,
+        route: &RoutePlan,
+        draw: &Draw,
+        result: Result<Decision, LimiterError>,
+    ) -> Decided {
+        match result {
+            Ok(d) if d.allowed => Decided::Pass(Outcome::Allowed, Some(d)),
+            Ok(d) => Decided::Reject(Outcome::Rejected, d),
+            Err(e) => {
+                // Per-request detail stays at debug: an outage would otherwise flood the log, and
+                // the error counter and the breaker's warning already say it is happening.
+                log::debug!("route {}: rate-limit store failed: {e}", route.name);
+                match route.on_redis_error {
+                    FailMode::Open => Decided::Pass(Outcome::FailOpen, None),
+                    FailMode::Closed => Decided::Unavailable,
+                    FailMode::Local => match self.fallback.decide(&draw.local_buckets()) {
+                        Ok(d) if d.allowed => Decided::Pass(Outcome::LocalFallback, Some(d)),
+                        Ok(d) => Decided::Reject(Outcome::LocalRejected, d),
+                        Err(_) => Decided::Pass(Outcome::FailOpen, None),
+                    },
+                }
+            }
+        }
+    }
+
+    /// Whether the shadow limits would have rejected the request (unknown counts as no).
+    async fn shadow_rejects(&self, draw: &Draw) -> bool {
+        !draw.is_empty()
+            && self
+                .limiter
+                .check(&draw.buckets())
+                .await
+                .is_ok_and(|d| !d.allowed)
+    }
+}
+
+/// The enforced limits' answer, before the shadow ones and the limits' indexes join it.
+enum Decided {
+    Pass(Outcome, Option<Decision>),
+    Reject(Outcome, Decision),
+    Unavailable,
+}
+
+/// The route's allowlist: a client address in one of its blocks, or a header with its value.
+fn allowlisted(route: &RoutePlan, client: Option<IpAddr>, headers: &HeaderMap) -> bool {
+    let allow = &route.allow;
+    client.is_some_and(|ip| allow.cidrs.iter().any(|c| c.contains(ip)))
+        || allow.headers.iter().any(|(name, value)| {
+            headers
+                .get_all(name.as_str())
+                .iter()
+                .any(|v| v.as_bytes() == value.as_bytes())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::config::Config;
+    use crate::limiter::Bucket;
+    use crate::metrics::Metrics;
+    use crate::plan::Plan;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    const T0: u64 = 1_800_000_000_000_000;
+
+    type Clocked = Arc<ManualClock>;
+
+    /// A store that cannot be reached.
+    struct Down;
+
+    impl Limiter for Down {
+        async fn check(&self, _: &[Bucket<'_>]) -> Result<Decision, LimiterError> {
+            Err(LimiterError::Connection("refused".into()))
+        }
+
+        async fn ping(&self) -> Result<(), LimiterError> {
+            Err(LimiterError::Connection("refused".into()))
+        }
+    }
+
+    /// The in-memory store, counting the calls that reach it.
+    struct Counted {
+        store: MemoryLimiter<Clocked>,
+        calls: AtomicUsize,
+    }
+
+    impl Limiter for Counted {
+        async fn check(&self, buckets: &[Bucket<'_>]) -> Result<Decision, LimiterError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            self.store.check(buckets).await
+        }
+
+        async fn ping(&self) -> Result<(), LimiterError> {
+            Ok(())
+        }
+    }
+
+    /// One route, `r`, whose fields (YAML, indented as a route's) are `route`; two proxies share
+    /// the store.
+    fn plan(route: &str) -> Plan {
+        let yaml = format!(
+            "listen: \"127.0.0.1:1\"\nredis: {{ url: \"redis://127.0.0.1:1\", fleet_size: 2 }}\nroutes:\n  - name: r\n    upstream: \"127.0.0.1:2\"\n{route}"
+        );
+        let config = Config::parse("t.yaml", &yaml).unwrap();
+        Plan::compile(
+            &config,
+            &Metrics::new(&prometheus::Registry::new()).unwrap(),
+        )
+        .unwrap()
+    }
+
+    /// A gate in front of `store`, made on the gate's own clock; with a deny cache if `cached`.
+    fn gate<L: Limiter>(
+        store: impl FnOnce(&Clocked) -> L,
+        cached: bool,
+    ) -> (Gate<L, Clocked>, Clocked) {
+        let clock = Arc::new(ManualClock::new(T0));
+        let cache = cached.then(|| DenyCache::new(100, Duration::from_millis(50)));
+        let fallback = MemoryLimiter::new(clock.clone(), 1000);
+        let gate = Gate::new(Arc::new(store(&clock)), cache, fallback, clock.clone());
+        (gate, clock)
+    }
+
+    fn memory(clock: &Clocked) -> MemoryLimiter<Clocked> {
+        MemoryLimiter::new(clock.clone(), 1000)
+    }
+
+    fn ask<'a>(headers: &'a HeaderMap, client: &str) -> Asking<'a> {
+        Asking {
+            client: Some(client.parse().unwrap()),
+            method: "GET",
+            path: "/x",
+            query: None,
+            headers,
+        }
+    }
+
+    const TWO: &str = "    limits: [{ name: l, capacity: 2, refill: \"1/s\" }]\n";
+
+    #[tokio::test]
+    async fn admits_to_capacity_then_rejects_and_refills_by_the_clock() {
+        let plan = plan(TWO);
+        let (g, clock) = gate(memory, false);
+        let h = HeaderMap::new();
+        let route = &plan.routes[0];
+        let mut outcomes = Vec::new();
+        for _ in 0..3 {
+            outcomes.push(g.admit(route, &ask(&h, "10.0.0.1")).await.outcome());
+        }
+        assert_eq!(
+            outcomes,
+            [Outcome::Allowed, Outcome::Allowed, Outcome::Rejected]
+        );
+        clock.advance_us(1_000_000);
+        assert_eq!(
+            g.admit(route, &ask(&h, "10.0.0.1")).await.outcome(),
+            Outcome::Allowed
+        );
+        assert_eq!(
+            g.admit(route, &ask(&h, "10.0.0.2")).await.outcome(),
+            Outcome::Allowed,
+            "another client, another bucket"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failing_store_follows_each_on_redis_error_mode() {
+        let h = HeaderMap::new();
+        for (mode, want) in [
+            ("open", vec![Outcome::FailOpen; 3]),
+            ("closed", vec![Outcome::FailClosed; 3]),
+            // Two proxies share the limit: this one's share of capacity 2 is 1.
+            (
+                "local",
+                vec![
+                    Outcome::LocalFallback,
+                    Outcome::LocalRejected,
+                    Outcome::LocalRejected,
+                ],
+            ),
+        ] {
+            let plan = plan(&format!("    on_redis_error: {mode}\n{TWO}"));
+            let (g, _) = gate(|_| Down, false);
+            let mut got = Vec::new();
+            for _ in 0..3 {
+                got.push(
+                    g.admit(&plan.routes[0], &ask(&h, "10.0.0.1"))
+                        .await
+                        .outcome(),
+                );
+            }
+            assert_eq!(got, want, "{mode}");
+        }
+    }
+
+    #[tokio::test]
+    async fn shadow_limits_count_and_never_reject() {
+        let plan = plan("    limits: [{ name: l, capacity: 1, refill: \"1/m\", shadow: true }]\n");
+        let (g, _) = gate(memory, false);
+        let h = HeaderMap::new();
+        let route = &plan.routes[0];
+        assert_eq!(
+            g.admit(route, &ask(&h, "10.0.0.1")).await,
+            Verdict::Pass(Outcome::Allowed, None)
+        );
+        assert_eq!(
+            g.admit(route, &ask(&h, "10.0.0.1")).await,
+            Verdict::Pass(Outcome::ShadowRejected, None),
+            "proxied, without headers: clients never see a shadow limit"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_allowlist_skips_the_limits() {
+        let plan = plan(&format!(
+            "    allow: {{ cidrs: [\"10.1.0.0/16\"], headers: {{ X-Internal: \"s3cret\" }} }}\n{TWO}"
+        ));
+        let (g, _) = gate(|_| Down, false);
+        let route = &plan.routes[0];
+        let mut h = HeaderMap::new();
+        assert_eq!(
+            g.admit(route, &ask(&h, "10.1.2.3")).await.outcome(),
+            Outcome::Bypassed
+        );
+        h.insert("x-internal", "s3cret".parse().unwrap());
+        assert_eq!(
+            g.admit(route, &ask(&h, "192.0.2.1")).await.outcome(),
+            Outcome::Bypassed
+        );
+        h.insert("x-internal", "guess".parse().unwrap());
+        assert_eq!(
+            g.admit(route, &ask(&h, "192.0.2.1")).await.outcome(),
+            Outcome::FailOpen,
+            "not allowlisted: the store is asked (and is down)"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_key_follows_on_missing_key() {
+        let h = HeaderMap::new();
+        for (policy, want) in [
+            ("deny", Verdict::MissingKey(0)),
+            ("skip", Verdict::Pass(Outcome::Allowed, None)),
+        ] {
+            let plan = plan(&format!(
+                "    limits: [{{ name: l, capacity: 2, refill: \"1/s\", key: \"header:X-Key\", on_missing_key: {policy} }}]\n"
+            ));
+            let (g, _) = gate(memory, false);
+            assert_eq!(
+                g.admit(&plan.routes[0], &ask(&h, "10.0.0.1")).await,
+                want,
+                "{policy}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_denial_is_repeated_from_the_cache_until_the_token_is_back() {
+        let plan = plan("    limits: [{ name: l, capacity: 1, refill: \"1/s\" }]\n");
+        let store = |clock: &Clocked| Counted {
+            store: memory(clock),
+            calls: AtomicUsize::new(0),
+        };
+        let (g, clock) = gate(store, true);
+        let h = HeaderMap::new();
+        let route = &plan.routes[0];
+        assert_eq!(
+            g.admit(route, &ask(&h, "10.0.0.1")).await.outcome(),
+            Outcome::Allowed
+        );
+        for (waited, wait_us) in [(0, 1_000_000), (400_000, 600_000)] {
+            clock.advance_us(waited);
+            let verdict = g.admit(route, &ask(&h, "10.0.0.1")).await;
+            let Verdict::Reject(Outcome::Rejected, d, _) = verdict else {
+                panic!("denied until the token is back: {verdict:?}");
+            };
+            assert_eq!(d.limits[0].wait_us, wait_us, "counting down");
+        }
+        assert_eq!(
+            g.limiter.calls.load(Ordering::SeqCst),
+            1,
+            "the store was asked once"
+        );
+        clock.advance_us(600_000);
+        assert_eq!(
+            g.admit(route, &ask(&h, "10.0.0.1")).await.outcome(),
+            Outcome::Allowed
+        );
+        assert_eq!(g.limiter.calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_failing_store_behind_the_cache_follows_the_route_mode() {
+        let plan = plan(&format!("    on_redis_error: closed\n{TWO}"));
+        let (g, _) = gate(|_| Down, true);
+        let h = HeaderMap::new();
+        assert_eq!(
+            g.admit(&plan.routes[0], &ask(&h, "10.0.0.1")).await,
+            Verdict::Unavailable
+        );
+    }
+}
