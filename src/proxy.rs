@@ -1,7 +1,7 @@
 //! The Pingora glue: decide in `request_filter`, decorate in `response_filter`, count in
 //! `logging`. What to decide, which headers, which metrics: all of that lives elsewhere.
 
-use crate::canonical::{self, Refused};
+use crate::canonical::{self, Refused, Rewrite};
 use crate::clock::SystemClock;
 use crate::gate::{Asking, Gate, Verdict};
 use crate::headers::{self, Refusal};
@@ -16,7 +16,6 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::FailToProxy;
 use pingora::upstreams::peer::Peer;
-use std::borrow::Cow;
 use std::sync::Arc;
 
 pub struct RateLimitProxy<L> {
@@ -50,37 +49,6 @@ pub struct RequestCtx {
     upstream: Option<usize>,
     /// What the upstream is told that the client spelled differently.
     rewrite: Rewrite,
-}
-
-/// The canonical request where it differs from what the client sent: the upstream serves exactly
-/// what was counted. Empty (no allocation) for a request that was canonical already.
-#[derive(Default)]
-struct Rewrite {
-    /// Origin-form path and query.
-    target: Option<Vec<u8>>,
-    /// `name[:port]`.
-    host: Option<String>,
-}
-
-impl Rewrite {
-    fn of(request: &canonical::Request<'_>, preserve_raw_path: bool) -> Rewrite {
-        let t = &request.target;
-        let reshaped = matches!(t.path, Cow::Owned(_)) || t.authority.is_some();
-        let target = (reshaped && !preserve_raw_path).then(|| {
-            let mut target = t.path.as_bytes().to_vec();
-            if let Some(q) = t.query {
-                target.push(b'?');
-                target.extend_from_slice(q.as_bytes());
-            }
-            target
-        });
-        let host = request
-            .host
-            .as_ref()
-            .filter(|h| !h.as_sent || t.authority.is_some())
-            .map(canonical::Host::header_value);
-        Rewrite { target, host }
-    }
 }
 
 #[async_trait]
@@ -119,7 +87,7 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
                 .refuse_malformed(session, Refused::DuplicateKeyHeader)
                 .await;
         }
-        ctx.rewrite = Rewrite::of(&request, route.preserve_raw_path);
+        ctx.rewrite = request.rewrite(route.preserve_raw_path);
         ctx.route = Some(index);
         let plan = &*ctx.plan.insert(plan);
         let route = &plan.routes[index];
@@ -150,24 +118,8 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
                 ctx.decision = decision;
                 Ok(false)
             }
-            Verdict::Reject(_, decision, limits) => {
-                let (extra, why) = route.headers.rejection(&decision, &limits, route);
-                refuse(session, route, extra, &why).await?;
-                Ok(true)
-            }
-            Verdict::MissingKey(i) => {
-                let why = Refusal {
-                    status: route.deny.status,
-                    route: &route.name,
-                    violated: vec![route.headers.limit_name(i)],
-                    retry_after: None,
-                };
-                refuse(session, route, Vec::new(), &why).await?;
-                Ok(true)
-            }
-            Verdict::Unavailable => {
-                let body = "503 Service Unavailable: rate-limit store unavailable\n";
-                respond(session, 503, "text/plain; charset=utf-8", Vec::new(), body).await?;
+            refused => {
+                answer(session, route, refused).await?;
                 Ok(true)
             }
         }
@@ -351,6 +303,31 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
 
 fn route_of(ctx: &RequestCtx) -> Option<&RoutePlan> {
     ctx.plan.as_ref()?.routes.get(ctx.route?)
+}
+
+/// Answers a request the gate did not let through: the route's deny response (with the rate-limit
+/// headers when waiting will help), or 503 when the store failed on a route that fails closed.
+async fn answer(session: &mut Session, route: &RoutePlan, verdict: Verdict) -> Result<()> {
+    match verdict {
+        Verdict::Pass(..) => Ok(()),
+        Verdict::Reject(_, decision, limits) => {
+            let (extra, why) = route.headers.rejection(&decision, &limits, route);
+            refuse(session, route, extra, &why).await
+        }
+        Verdict::MissingKey(i) => {
+            let why = Refusal {
+                status: route.deny.status,
+                route: &route.name,
+                violated: vec![route.headers.limit_name(i)],
+                retry_after: None,
+            };
+            refuse(session, route, Vec::new(), &why).await
+        }
+        Verdict::Unavailable => {
+            let body = "503 Service Unavailable: rate-limit store unavailable\n";
+            respond(session, 503, "text/plain; charset=utf-8", Vec::new(), body).await
+        }
+    }
 }
 
 /// Writes the route's deny response.

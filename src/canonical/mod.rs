@@ -177,6 +177,39 @@ pub fn request<'a>(
     Ok(Request { target, host })
 }
 
+/// The canonical request where it differs from what the client sent: the upstream serves exactly
+/// what was counted. Empty (no allocation) for a request that was canonical already.
+#[derive(Debug, Default)]
+pub struct Rewrite {
+    /// Origin-form path and query.
+    pub target: Option<Vec<u8>>,
+    /// `name[:port]`.
+    pub host: Option<String>,
+}
+
+impl Request<'_> {
+    /// What the upstream must be told differently from what the client sent; with
+    /// `preserve_raw_path`, the target goes on as sent.
+    pub fn rewrite(&self, preserve_raw_path: bool) -> Rewrite {
+        let t = &self.target;
+        let reshaped = matches!(t.path, Cow::Owned(_)) || t.authority.is_some();
+        let target = (reshaped && !preserve_raw_path).then(|| {
+            let mut target = t.path.as_bytes().to_vec();
+            if let Some(q) = t.query {
+                target.push(b'?');
+                target.extend_from_slice(q.as_bytes());
+            }
+            target
+        });
+        let host = self
+            .host
+            .as_ref()
+            .filter(|h| !h.as_sent || t.authority.is_some())
+            .map(Host::header_value);
+        Rewrite { target, host }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,5 +253,41 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_upstream_is_told_only_what_the_client_spelled_differently() {
+        let rewrite = |target: &[u8], host: &str, preserve: bool| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(http::header::HOST, host.parse().unwrap());
+            let r = request(
+                "GET",
+                target,
+                http::Version::HTTP_11,
+                &headers,
+                EscapedSlashes::Reject,
+            )
+            .unwrap()
+            .rewrite(preserve);
+            (r.target.map(|t| String::from_utf8(t).unwrap()), r.host)
+        };
+        assert_eq!(
+            rewrite(b"/login?a=1", "api.example.com:8080", false),
+            (None, None)
+        );
+        assert_eq!(
+            rewrite(b"//login?a=//1", "API.example.com.", false),
+            (Some("/login?a=//1".into()), Some("api.example.com".into()))
+        );
+        assert_eq!(
+            rewrite(b"//login", "a", true),
+            (None, None),
+            "preserve_raw_path"
+        );
+        assert_eq!(
+            rewrite(b"http://a:80/x", "a:80", false),
+            (Some("/x".into()), Some("a:80".into())),
+            "absolute form goes on in origin form"
+        );
     }
 }
