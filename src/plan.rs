@@ -111,7 +111,12 @@ impl Plan {
                         .limits
                         .iter()
                         .map(|l| {
-                            let params = BucketParams::from(l);
+                            let params = BucketParams {
+                                capacity: l.capacity,
+                                scale: l.refill.scale(),
+                                num: l.refill.num(),
+                                cost: l.cost,
+                            };
                             LimitPlan {
                                 key: l.key.clone(),
                                 on_missing_key: l.on_missing_key,

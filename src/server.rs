@@ -5,13 +5,15 @@
 use crate::admin::Admin;
 use crate::bind::{bind, BindError, Bound, PreBound};
 use crate::clock::{Clock, SystemClock};
-use crate::config::{ClockSource, Config};
+use crate::config::{ClockSource, Config, RedisTarget};
 use crate::deny_cache::DenyCache;
 use crate::downstream::Connections;
 use crate::gate::Gate;
 use crate::health::HealthChecker;
 use crate::limiter::memory::MemoryLimiter;
-use crate::limiter::redis::{RedisLimiter, Security};
+use crate::limiter::redis::{
+    Cluster, RedisLimiter, RedisOptions, Security, Sentinel, Standalone, Topology,
+};
 use crate::limiter::{Limiter, LimiterError};
 use crate::metrics::Metrics;
 use crate::plan::{Plan, PlanError};
@@ -111,9 +113,27 @@ pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), Start
                     None => None,
                 },
             };
-            let limiter =
-                RedisLimiter::connect(&redis.target, security, redis.timeout, clock, metrics)?;
-            serve(&config, parts, Arc::new(limiter))
+            let topology: Box<dyn Topology> = match &redis.target {
+                RedisTarget::Standalone(url) => {
+                    Box::new(Standalone::new(url, &security, redis.timeout)?)
+                }
+                RedisTarget::Cluster(nodes) => {
+                    Box::new(Cluster::new(nodes, &security, redis.timeout)?)
+                }
+                RedisTarget::Sentinel { master, nodes } => {
+                    Box::new(Sentinel::new(master, nodes, security, redis.timeout)?)
+                }
+            };
+            let options = RedisOptions {
+                timeout: redis.timeout,
+                clock,
+                metrics,
+            };
+            serve(
+                &config,
+                parts,
+                Arc::new(RedisLimiter::new(topology, options)),
+            )
         }
         None => {
             log::warn!("no `redis:` section: limits are kept in this process's memory and hold per proxy, not across a fleet");

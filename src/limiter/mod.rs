@@ -8,7 +8,6 @@ pub mod bucket;
 pub mod memory;
 pub mod redis;
 
-use crate::config::Limit;
 use std::future::Future;
 use std::time::Duration;
 
@@ -21,17 +20,6 @@ pub struct BucketParams {
     /// Units gained per microsecond.
     pub num: u64,
     pub cost: u64,
-}
-
-impl From<&Limit> for BucketParams {
-    fn from(l: &Limit) -> Self {
-        BucketParams {
-            capacity: l.capacity,
-            scale: l.refill.scale(),
-            num: l.refill.num(),
-            cost: l.cost,
-        }
-    }
 }
 
 /// One bucket a request must draw from.

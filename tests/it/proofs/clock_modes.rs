@@ -23,7 +23,7 @@ use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::TestCaseError;
 use ratelimit_proxy::clock::{Clock, ManualClock, SystemClock};
-use ratelimit_proxy::limiter::redis::RedisLimiter;
+use ratelimit_proxy::limiter::redis::{RedisLimiter, RedisOptions, Security, Standalone};
 use ratelimit_proxy::limiter::{Bucket, BucketParams, Limiter};
 use ratelimit_proxy::metrics::Metrics;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -76,7 +76,14 @@ impl Clock for Jumping {
 /// A proxy's limiter: `clock: proxy` with `clock`, `clock: redis` with `None`.
 fn proxy(redis: &RedisServer, clock: Option<Box<dyn Clock>>) -> RedisLimiter {
     let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
-    RedisLimiter::new(&redis.url(), Duration::from_secs(10), clock, metrics).unwrap()
+    let timeout = Duration::from_secs(10);
+    let topology = Standalone::new(&redis.url(), &Security::default(), timeout).unwrap();
+    let options = RedisOptions {
+        timeout,
+        clock,
+        metrics,
+    };
+    RedisLimiter::new(Box::new(topology), options)
 }
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -6,46 +6,62 @@
 //! requests: a handle made before Pingora starts its runtimes would be bound to a dead one. Every
 //! call runs under one deadline, reconnects included, because the clients themselves would wait
 //! for Redis far longer; and a circuit breaker stops calling a Redis that is known to be down.
+//!
+//! Each deployment shape is a `Topology` in a file of its own (`standalone`, `cluster`,
+//! `sentinel`): how it connects and how it recovers after an error. What is common (the script,
+//! the deadline, the breaker, the reply) is here.
+
+mod cluster;
+mod sentinel;
+mod standalone;
+
+pub use cluster::Cluster;
+pub use sentinel::Sentinel;
+pub use standalone::Standalone;
 
 use super::breaker::{Admission, Breaker, BreakerState, Transition};
 use super::bucket::{report, State};
 use super::{Bucket, Decision, Limiter, LimiterError};
 use crate::clock::Clock;
-use crate::config::RedisTarget;
 use crate::metrics::Metrics;
 use crate::throttle::Throttle;
-use arc_swap::ArcSwapOption;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{IntoConnectionInfo, RedisError, Script, ScriptInvocation, TlsCertificates, TlsMode};
-use std::sync::Arc;
+use async_trait::async_trait;
+use redis::aio::ConnectionManagerConfig;
+use redis::{RedisError, Script, ScriptInvocation, TlsCertificates};
 use std::time::{Duration, Instant};
-use tokio::sync::{Mutex, OnceCell};
 
 /// The script, compiled into the binary so it always matches the code that parses its reply.
-pub const TOKEN_BUCKET_LUA: &str = include_str!("../../lua/token_bucket.lua");
+pub const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua");
 
-/// How the limiter reaches Redis.
-enum Topology {
-    Standalone {
-        client: redis::Client,
-        conn: OnceCell<ConnectionManager>,
-    },
-    /// The cluster client follows MOVED/ASK and failovers itself, and loads the script on every
-    /// primary when one answers NOSCRIPT.
-    Cluster {
-        client: ClusterClient,
-        conn: OnceCell<ClusterConnection>,
-    },
-    /// The primary's address changes at failover: it is asked of the sentinels again whenever the
-    /// current one stops answering or has become a read-only replica.
-    Sentinel {
-        sentinels: Mutex<SentinelClient>,
-        security: Security,
-        conn: ArcSwapOption<ConnectionManager>,
-    },
+/// How a Redis deployment is reached: a standalone server, a cluster, or sentinels' primary. Each
+/// knows its own way back after an error (reconnect, follow a failover); the limiter around it
+/// keeps the script, the deadline, the breaker and the reply the same for all.
+#[async_trait]
+pub trait Topology: Send + Sync + 'static {
+    /// Runs the script once, retrying where this topology knows a retry can succeed.
+    async fn invoke(&self, script: &ScriptInvocation<'_>) -> Result<Vec<i64>, RedisError>;
+
+    async fn ping(&self) -> Result<(), RedisError>;
+}
+
+/// A configuration the client library refuses (a bad URL, say): found at start.
+fn misconfigured(e: RedisError) -> LimiterError {
+    LimiterError::Other(format!("redis configuration: {e}"))
+}
+
+/// The settings of a reconnecting connection: the budget is the one limit.
+fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        // redis-rs otherwise gives up on a response after 500 ms, whatever our budget is; the
+        // budget (enforced around the whole call) is the one limit.
+        .set_response_timeout(Some(timeout))
+        // Few, quick reconnect attempts: a refused connection then fails the decision fast
+        // instead of holding it for the whole budget, and the next decision starts a new
+        // attempt, so a Redis that comes back is found at once.
+        .set_min_delay(Duration::from_millis(5))
+        .set_max_delay(Duration::from_millis(50))
+        .set_number_of_retries(1)
 }
 
 /// How to authenticate to the Redis servers.
@@ -94,7 +110,7 @@ fn tcp_settings() -> redis::io::tcp::TcpSettings {
 }
 
 pub struct RedisLimiter {
-    topology: Topology,
+    topology: Box<dyn Topology>,
     script: Script,
     timeout: Duration,
     /// `None`: the script reads Redis `TIME`.
@@ -108,6 +124,15 @@ pub struct RedisLimiter {
     errors: Throttle,
 }
 
+/// What every topology's limiter is given.
+pub struct RedisOptions {
+    /// The whole budget of one decision, queueing and reconnecting included.
+    pub timeout: Duration,
+    /// `None`: the script reads Redis `TIME`.
+    pub clock: Option<Box<dyn Clock>>,
+    pub metrics: Metrics,
+}
+
 /// ", and N more since the last line this <period>" when something was not logged.
 fn since(more: u64, period: &str) -> String {
     match more {
@@ -117,103 +142,19 @@ fn since(more: u64, period: &str) -> String {
 }
 
 impl RedisLimiter {
-    /// A standalone server at `url`. Connects nothing yet.
-    pub fn new(
-        url: &str,
-        timeout: Duration,
-        clock: Option<Box<dyn Clock>>,
-        metrics: Metrics,
-    ) -> Result<RedisLimiter, LimiterError> {
-        RedisLimiter::connect(
-            &RedisTarget::Standalone(url.to_string()),
-            Security::default(),
-            timeout,
-            clock,
-            metrics,
-        )
-    }
-
-    /// Any target. Connects nothing yet.
-    pub fn connect(
-        target: &RedisTarget,
-        security: Security,
-        timeout: Duration,
-        clock: Option<Box<dyn Clock>>,
-        metrics: Metrics,
-    ) -> Result<RedisLimiter, LimiterError> {
-        let bad = |e: RedisError| LimiterError::Other(format!("redis configuration: {e}"));
-        let info = |url: &str| url.into_connection_info().map_err(bad);
-        let topology = match target {
-            RedisTarget::Standalone(url) => Topology::Standalone {
-                client: security.client(info(url)?).map_err(bad)?,
-                conn: OnceCell::new(),
-            },
-            RedisTarget::Cluster(nodes) => {
-                let nodes = nodes
-                    .iter()
-                    .map(|n| Ok(security.apply(info(n)?)))
-                    .collect::<Result<Vec<_>, LimiterError>>()?;
-                let mut builder = ClusterClient::builder(nodes)
-                    .tcp_settings(tcp_settings())
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout);
-                if let Some(certs) = security.certificates() {
-                    builder = builder.certs(certs);
-                }
-                Topology::Cluster {
-                    client: builder.build().map_err(bad)?,
-                    conn: OnceCell::new(),
-                }
-            }
-            RedisTarget::Sentinel { master, nodes } => {
-                // The sentinels are reached as their URLs say; the primary they name gets the
-                // password and, with a CA, TLS.
-                let nodes = nodes
-                    .iter()
-                    .map(|n| info(n))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let node_info = security
-                    .ca_pem
-                    .is_some()
-                    .then(|| SentinelNodeConnectionInfo::default().set_tls_mode(TlsMode::Secure));
-                let sentinels = SentinelClient::build(
-                    nodes,
-                    master.clone(),
-                    node_info,
-                    SentinelServerType::Master,
-                )
-                .map_err(bad)?;
-                Topology::Sentinel {
-                    sentinels: Mutex::new(sentinels),
-                    security,
-                    conn: ArcSwapOption::empty(),
-                }
-            }
-        };
-        Ok(RedisLimiter {
+    /// Decisions on `topology`. Connects nothing yet: connections are made on first use, inside
+    /// the runtime that serves requests.
+    pub fn new(topology: Box<dyn Topology>, options: RedisOptions) -> RedisLimiter {
+        RedisLimiter {
             topology,
             script: Script::new(TOKEN_BUCKET_LUA),
-            timeout,
-            clock,
-            metrics,
+            timeout: options.timeout,
+            clock: options.clock,
+            metrics: options.metrics,
             breaker: Breaker::default(),
             bad_keys: Throttle::new(Duration::from_secs(60)),
             errors: Throttle::new(Duration::from_secs(10)),
-        })
-    }
-
-    fn manager_config(&self) -> ConnectionManagerConfig {
-        ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            // redis-rs otherwise gives up on a response after 500 ms, whatever our budget is;
-            // the budget (enforced around the whole call) is the one limit.
-            .set_response_timeout(Some(self.timeout))
-            // Few, quick reconnect attempts: a refused connection then fails the decision fast
-            // instead of holding it for the whole budget, and the next decision starts a new
-            // attempt, so a Redis that comes back is found at once.
-            .set_min_delay(Duration::from_millis(5))
-            .set_max_delay(Duration::from_millis(50))
-            .set_number_of_retries(1)
+        }
     }
 
     fn invocation(&self, buckets: &[Bucket<'_>]) -> ScriptInvocation<'_> {
@@ -236,55 +177,12 @@ impl RedisLimiter {
         invocation
     }
 
-    /// The standalone server's one multiplexed connection, made on first use.
-    async fn standalone(
-        &self,
-        client: &redis::Client,
-        conn: &OnceCell<ConnectionManager>,
-    ) -> Result<ConnectionManager, LimiterError> {
-        let manager = conn
-            .get_or_try_init(|| async {
-                ConnectionManager::new_lazy_with_config(client.clone(), self.manager_config())
-            })
+    async fn eval(&self, buckets: &[Bucket<'_>]) -> Result<Decision, LimiterError> {
+        let reply = self
+            .topology
+            .invoke(&self.invocation(buckets))
             .await
             .map_err(classify)?;
-        Ok(manager.clone())
-    }
-
-    async fn eval(&self, buckets: &[Bucket<'_>]) -> Result<Decision, LimiterError> {
-        let invocation = self.invocation(buckets);
-        let reply: Vec<i64> = match &self.topology {
-            Topology::Standalone { client, conn } => {
-                let mut conn = self.standalone(client, conn).await?;
-                match invocation.invoke_async(&mut conn).await {
-                    Ok(reply) => reply,
-                    // The manager replaces a dropped connection on this error; the retry waits
-                    // for the new one (Redis restarted) instead of failing a request that can
-                    // succeed.
-                    Err(e) if e.is_unrecoverable_error() || e.is_connection_dropped() => {
-                        invocation.invoke_async(&mut conn).await.map_err(classify)?
-                    }
-                    Err(e) => return Err(classify(e)),
-                }
-            }
-            Topology::Cluster { client, conn } => {
-                let mut conn = cluster(client, conn).await?;
-                invocation.invoke_async(&mut conn).await.map_err(classify)?
-            }
-            Topology::Sentinel { .. } => {
-                let primary = self.sentinel_primary().await?;
-                match invocation.invoke_async(&mut (*primary).clone()).await {
-                    Ok(reply) => reply,
-                    // Failed over: the old primary is gone or now a read-only replica.
-                    Err(e) if moved_primary(&e) => {
-                        self.forget_primary(&primary);
-                        let mut conn = (*self.sentinel_primary().await?).clone();
-                        invocation.invoke_async(&mut conn).await.map_err(classify)?
-                    }
-                    Err(e) => return Err(classify(e)),
-                }
-            }
-        };
         let (decision, bad) = parse_reply(&reply, buckets)?;
         for i in bad {
             self.bad_state(buckets[i].key);
@@ -304,50 +202,6 @@ impl RedisLimiter {
         }
     }
 
-    /// The current primary's connection, asking the sentinels when there is none.
-    async fn sentinel_primary(&self) -> Result<Arc<ConnectionManager>, LimiterError> {
-        let Topology::Sentinel {
-            sentinels,
-            security,
-            conn,
-        } = &self.topology
-        else {
-            unreachable!("only called for a sentinel topology");
-        };
-        if let Some(c) = conn.load_full() {
-            return Ok(c);
-        }
-        let mut sentinels = sentinels.lock().await;
-        // Another decision may have found the primary while this one waited for the lock.
-        if let Some(c) = conn.load_full() {
-            return Ok(c);
-        }
-        let found = sentinels.async_get_client().await.map_err(classify)?;
-        let client = security
-            .client(found.get_connection_info().clone())
-            .map_err(classify)?;
-        log::info!(
-            "sentinel: primary is {}",
-            client.get_connection_info().addr()
-        );
-        let manager = Arc::new(
-            ConnectionManager::new_lazy_with_config(client, self.manager_config())
-                .map_err(classify)?,
-        );
-        conn.store(Some(manager.clone()));
-        Ok(manager)
-    }
-
-    fn forget_primary(&self, failed: &Arc<ConnectionManager>) {
-        if let Topology::Sentinel { conn, .. } = &self.topology {
-            // Only if no other decision replaced it already.
-            conn.rcu(|current| match current {
-                Some(c) if Arc::ptr_eq(c, failed) => None,
-                other => other.clone(),
-            });
-        }
-    }
-
     fn note(&self, transition: Transition) {
         let Some(state) = transition else { return };
         match state {
@@ -360,14 +214,6 @@ impl RedisLimiter {
         self.metrics
             .breaker(state.label(), state == BreakerState::Closed);
     }
-}
-
-/// The errors after which the sentinels must be asked for the primary again.
-fn moved_primary(e: &RedisError) -> bool {
-    e.is_unrecoverable_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
 }
 
 impl Limiter for RedisLimiter {
@@ -409,44 +255,11 @@ impl Limiter for RedisLimiter {
     }
 
     async fn ping(&self) -> Result<(), LimiterError> {
-        let ping = async {
-            let cmd = redis::cmd("PING");
-            match &self.topology {
-                Topology::Standalone { client, conn } => {
-                    let mut conn = self.standalone(client, conn).await?;
-                    query(&mut conn, &cmd).await
-                }
-                Topology::Cluster { client, conn } => {
-                    let mut conn = cluster(client, conn).await?;
-                    query(&mut conn, &cmd).await
-                }
-                Topology::Sentinel { .. } => {
-                    let mut conn = (*self.sentinel_primary().await?).clone();
-                    query(&mut conn, &cmd).await
-                }
-            }
-        };
-        tokio::time::timeout(self.timeout, ping)
-            .await
-            .unwrap_or(Err(LimiterError::Timeout(self.timeout)))
+        match tokio::time::timeout(self.timeout, self.topology.ping()).await {
+            Ok(answer) => answer.map_err(classify),
+            Err(_) => Err(LimiterError::Timeout(self.timeout)),
+        }
     }
-}
-
-/// The cluster's connection (one multiplexed connection per node, behind one handle), made on
-/// first use.
-async fn cluster(
-    client: &ClusterClient,
-    conn: &OnceCell<ClusterConnection>,
-) -> Result<ClusterConnection, LimiterError> {
-    let connection = conn
-        .get_or_try_init(|| client.get_async_connection())
-        .await
-        .map_err(classify)?;
-    Ok(connection.clone())
-}
-
-async fn query(conn: &mut impl ConnectionLike, cmd: &redis::Cmd) -> Result<(), LimiterError> {
-    cmd.query_async::<()>(conn).await.map_err(classify)
 }
 
 fn classify(e: RedisError) -> LimiterError {
