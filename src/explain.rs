@@ -1,7 +1,7 @@
 //! The compiled route table in words, for `--check`: what will apply to which request, in the
 //! order routes are tried, so an operator can see it before a request does.
 
-use crate::config::{Config, DenyFormat, FailMode, KeySource, MissingKey, Route};
+use crate::config::{Config, DenyFormat, DenyFormatName, KeySource, MissingKey, Route};
 use std::fmt::Write;
 
 pub fn route_table(config: &Config) -> String {
@@ -62,15 +62,11 @@ fn describe(r: &Route) -> String {
         .iter()
         .map(|u| format!("{}:{}", u.host, u.port))
         .collect();
-    let on_error = match r.on_redis_error {
-        FailMode::Open => "open",
-        FailMode::Closed => "closed",
-        FailMode::Local => "local",
-    };
+    let on_error = r.on_redis_error;
     let deny = match r.deny.format {
-        DenyFormat::Text => "text",
+        DenyFormat::Text => DenyFormatName::Text.as_str(),
         DenyFormat::Custom { .. } => "custom body",
-        DenyFormat::ProblemJson => "problem+json",
+        DenyFormat::ProblemJson => DenyFormatName::ProblemJson.as_str(),
     };
     format!(
         "{}: {methods} {host} {}* -> {} | on_redis_error {on_error} | deny {} {deny}",
@@ -83,11 +79,7 @@ fn describe(r: &Route) -> String {
 
 fn key_name(k: &KeySource) -> String {
     match k {
-        KeySource::ClientIp => "client_ip".into(),
-        KeySource::Header(h) => format!("header:{h}"),
-        KeySource::Query(q) => format!("query:{q}"),
-        KeySource::Path => "path".into(),
-        KeySource::Method => "method".into(),
         KeySource::Route => "route (one bucket for all)".into(),
+        other => other.to_string(),
     }
 }

@@ -15,6 +15,9 @@
 //! `server` wires everything into Pingora, with `admin` (metrics and health endpoints) and `health`
 //! (active upstream checks) beside the proxy.
 
+#[macro_use]
+pub mod words;
+
 pub mod admin;
 pub mod bind;
 pub mod canonical;

@@ -8,82 +8,38 @@ use prometheus::{
 };
 use std::time::Duration;
 
-/// What happened to a request, as the `decision` label spells it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Allowed,
-    Rejected,
-    FailOpen,
-    FailClosed,
-    /// Redis failed; the in-process fallback bucket allowed it.
-    LocalFallback,
-    /// Redis failed; the in-process fallback bucket rejected it.
-    LocalRejected,
-    /// A shadow limit would have rejected it; it was let through.
-    ShadowRejected,
-    /// The route's allowlist let it skip the limits.
-    Bypassed,
-}
-
-impl Outcome {
-    const ALL: [Outcome; 8] = [
-        Outcome::Allowed,
-        Outcome::Rejected,
-        Outcome::FailOpen,
-        Outcome::FailClosed,
-        Outcome::LocalFallback,
-        Outcome::LocalRejected,
-        Outcome::ShadowRejected,
-        Outcome::Bypassed,
-    ];
-
-    fn label(self) -> &'static str {
-        match self {
-            Outcome::Allowed => "allowed",
-            Outcome::Rejected => "rejected",
-            Outcome::FailOpen => "fail_open",
-            Outcome::FailClosed => "fail_closed",
-            Outcome::LocalFallback => "local_fallback",
-            Outcome::LocalRejected => "local_rejected",
-            Outcome::ShadowRejected => "shadow_rejected",
-            Outcome::Bypassed => "bypassed",
-        }
+words! {
+    /// What happened to a request, as the `decision` label spells it.
+    pub enum Outcome {
+        Allowed = "allowed",
+        Rejected = "rejected",
+        FailOpen = "fail_open",
+        FailClosed = "fail_closed",
+        /// Redis failed; the in-process fallback bucket allowed it.
+        LocalFallback = "local_fallback",
+        /// Redis failed; the in-process fallback bucket rejected it.
+        LocalRejected = "local_rejected",
+        /// A shadow limit would have rejected it; it was let through.
+        ShadowRejected = "shadow_rejected",
+        /// The route's allowlist let it skip the limits.
+        Bypassed = "bypassed",
     }
 }
 
-/// Why a client connection was closed by the proxy (or found closed), as
-/// `ratelimit_connections_closed_total`'s `reason` label spells it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Closed {
-    /// The request head did not arrive whole within `downstream.header_timeout_ms`.
-    HeaderTimeout,
-    /// A kept-alive connection sent no request within `downstream.idle_timeout_ms`.
-    IdleTimeout,
-    /// A request body stalled longer than `downstream.body_timeout_ms`.
-    BodyTimeout,
-    /// Closed at accept: `downstream.max_connections` were open.
-    MaxConnections,
-    /// The client reset or closed the connection in the middle of a request.
-    ClientReset,
-}
-
-impl Closed {
-    pub const ALL: [Closed; 5] = [
-        Closed::HeaderTimeout,
-        Closed::IdleTimeout,
-        Closed::BodyTimeout,
-        Closed::MaxConnections,
-        Closed::ClientReset,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Closed::HeaderTimeout => "header_timeout",
-            Closed::IdleTimeout => "idle_timeout",
-            Closed::BodyTimeout => "body_timeout",
-            Closed::MaxConnections => "max_connections",
-            Closed::ClientReset => "client_reset",
-        }
+words! {
+    /// Why a client connection was closed by the proxy (or found closed), as
+    /// `ratelimit_connections_closed_total`'s `reason` label spells it.
+    pub enum Closed {
+        /// The request head did not arrive whole within `downstream.header_timeout_ms`.
+        HeaderTimeout = "header_timeout",
+        /// A kept-alive connection sent no request within `downstream.idle_timeout_ms`.
+        IdleTimeout = "idle_timeout",
+        /// A request body stalled longer than `downstream.body_timeout_ms`.
+        BodyTimeout = "body_timeout",
+        /// Closed at accept: `downstream.max_connections` were open.
+        MaxConnections = "max_connections",
+        /// The client reset or closed the connection in the middle of a request.
+        ClientReset = "client_reset",
     }
 }
 
@@ -96,15 +52,33 @@ impl Drop for OpenConnection {
     }
 }
 
-/// Error kinds, as `LimiterError::kind` spells them.
-const ERROR_KINDS: [&str; 6] = [
-    "timeout",
-    "connection",
-    "script",
-    "oom",
-    "bad_state",
-    "other",
-];
+words! {
+    /// What failed in a store call, as `ratelimit_redis_errors_total`'s `kind` label spells it.
+    pub enum ErrorKind {
+        /// No answer within `timeout_ms`.
+        Timeout = "timeout",
+        /// Redis unreachable: refused, reset, dropped.
+        Connection = "connection",
+        /// The script failed.
+        Script = "script",
+        /// Redis at `maxmemory` refused the writes.
+        Oom = "oom",
+        /// A bucket key held something else and was rewritten (the decision was made).
+        BadState = "bad_state",
+        Other = "other",
+        /// Not asked: the circuit breaker is open.
+        Unavailable = "unavailable",
+    }
+}
+
+words! {
+    /// The circuit breaker's state (`limiter::breaker`), as `ratelimit_redis_breaker_transitions_total{state}` names it.
+    pub enum BreakerState {
+        Closed = "closed",
+        Open = "open",
+        HalfOpen = "half_open",
+    }
+}
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -128,7 +102,7 @@ pub struct Metrics {
 /// One route's counters, resolved once so the request path does no label lookup.
 #[derive(Clone)]
 pub struct RouteCounters {
-    decisions: [IntCounter; 8],
+    decisions: [IntCounter; Outcome::COUNT],
     deny_cache_hits: IntCounter,
     /// Responses by status class, 1xx to 5xx.
     responses: [IntCounter; 5],
@@ -255,7 +229,7 @@ impl Metrics {
         registry.register(Box::new(breaker_transitions.clone()))?;
         registry.register(Box::new(deny_cache_hits.clone()))?;
         redis_up.set(1);
-        for state in ["open", "half_open", "closed"] {
+        for state in BreakerState::words() {
             breaker_transitions.with_label_values(&[state]);
         }
         registry.register(Box::new(decisions.clone()))?;
@@ -264,7 +238,7 @@ impl Metrics {
         registry.register(Box::new(reloads.clone()))?;
         registry.register(Box::new(last_reload_success.clone()))?;
         registry.register(Box::new(config_info.clone()))?;
-        for kind in ERROR_KINDS {
+        for kind in ErrorKind::words() {
             redis_errors.with_label_values(&[kind]);
         }
         for result in ["success", "failure"] {
@@ -306,7 +280,7 @@ impl Metrics {
     /// The counters of one route, every outcome present at 0 from the start.
     pub fn route(&self, route: &str) -> RouteCounters {
         RouteCounters {
-            decisions: Outcome::ALL.map(|o| self.decisions.with_label_values(&[route, o.label()])),
+            decisions: Outcome::ALL.map(|o| self.decisions.with_label_values(&[route, o.as_str()])),
             deny_cache_hits: self.deny_cache_hits.with_label_values(&[route]),
             responses: ["1xx", "2xx", "3xx", "4xx", "5xx"]
                 .map(|class| self.responses.with_label_values(&[route, class])),
@@ -314,17 +288,19 @@ impl Metrics {
     }
 
     /// The breaker entered `state`; Redis counts as up only while it is closed.
-    pub fn breaker(&self, state: &'static str, up: bool) {
-        self.breaker_transitions.with_label_values(&[state]).inc();
-        self.redis_up.set(i64::from(up));
+    pub fn breaker(&self, state: BreakerState) {
+        self.breaker_transitions
+            .with_label_values(&[state.as_str()])
+            .inc();
+        self.redis_up.set(i64::from(state == BreakerState::Closed));
     }
 
     pub fn redis_latency(&self, took: Duration) {
         self.redis_duration.observe(took.as_secs_f64());
     }
 
-    pub fn redis_error(&self, kind: &'static str) {
-        self.redis_errors.with_label_values(&[kind]).inc();
+    pub fn redis_error(&self, kind: ErrorKind) {
+        self.redis_errors.with_label_values(&[kind.as_str()]).inc();
     }
 
     /// A reload was applied (`true`) or refused.
@@ -360,7 +336,7 @@ mod tests {
         let api = m.route("api");
         api.count(Outcome::Rejected);
         api.count(Outcome::Rejected);
-        m.redis_error("timeout");
+        m.redis_error(ErrorKind::Timeout);
         m.redis_latency(Duration::from_micros(150));
         let text = render(&registry);
         assert!(
@@ -379,5 +355,66 @@ mod tests {
             text.contains("ratelimit_redis_duration_seconds_bucket{le=\"0.0002\"} 1"),
             "{text}"
         );
+    }
+
+    /// Every label value of `family` in `text` (the exposition format), for label `label`.
+    fn label_values(text: &str, family: &str, label: &str) -> Vec<String> {
+        let mut values: Vec<String> = text
+            .lines()
+            .filter(|l| l.starts_with(&format!("{family}{{")))
+            .filter_map(|l| {
+                let at = l.find(&format!("{label}=\""))?;
+                let rest = &l[at + label.len() + 2..];
+                Some(rest[..rest.find('"')?].to_string())
+            })
+            .collect();
+        values.sort();
+        values.dedup();
+        values
+    }
+
+    fn sorted(words: impl Iterator<Item = &'static str>) -> Vec<String> {
+        let mut v: Vec<String> = words.map(String::from).collect();
+        v.sort();
+        v
+    }
+
+    /// Each labelled family starts with one series per word of its enum, and no other: the
+    /// dashboards and alerts see every word at 0 before it first happens.
+    #[test]
+    fn label_lists_are_the_enums_word_lists() {
+        let registry = Registry::new();
+        let m = Metrics::new(&registry).unwrap();
+        m.route("api");
+        let text = render(&registry);
+        for (family, label, words) in [
+            (
+                "ratelimit_decisions_total",
+                "decision",
+                sorted(Outcome::words()),
+            ),
+            (
+                "ratelimit_redis_errors_total",
+                "kind",
+                sorted(ErrorKind::words()),
+            ),
+            (
+                "ratelimit_redis_breaker_transitions_total",
+                "state",
+                sorted(BreakerState::words()),
+            ),
+            (
+                "ratelimit_connections_closed_total",
+                "reason",
+                sorted(Closed::words()),
+            ),
+            (
+                "ratelimit_requests_refused_total",
+                "reason",
+                sorted(Refused::words()),
+            ),
+        ] {
+            assert_eq!(label_values(&text, family, label), words, "{family}");
+        }
     }
 }

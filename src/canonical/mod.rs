@@ -21,38 +21,23 @@ mod path;
 pub use host::{host, Host};
 pub use path::normalize_path;
 
-/// Why a request was refused before any route saw it, as `ratelimit_requests_refused_total`'s
-/// `reason` label spells it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refused {
-    /// The request target is not a path this proxy can put in one canonical form.
-    BadPath,
-    /// The Host (or the target's authority) is missing, repeated or malformed.
-    BadHost,
-    /// A header that a limit keys on came more than once.
-    DuplicateKeyHeader,
-    /// The body's length is ambiguous (`Content-Length` values that differ, or with
-    /// `Transfer-Encoding`).
-    BadFraming,
+words! {
+    /// Why a request was refused before any route saw it, as `ratelimit_requests_refused_total`'s
+    /// `reason` label spells it.
+    pub enum Refused {
+        /// The request target is not a path this proxy can put in one canonical form.
+        BadPath = "bad_path",
+        /// The Host (or the target's authority) is missing, repeated or malformed.
+        BadHost = "bad_host",
+        /// A header that a limit keys on came more than once.
+        DuplicateKeyHeader = "duplicate_key_header",
+        /// The body's length is ambiguous (`Content-Length` values that differ, or with
+        /// `Transfer-Encoding`).
+        BadFraming = "bad_framing",
+    }
 }
 
 impl Refused {
-    pub const ALL: [Refused; 4] = [
-        Refused::BadPath,
-        Refused::BadHost,
-        Refused::DuplicateKeyHeader,
-        Refused::BadFraming,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Refused::BadPath => "bad_path",
-            Refused::BadHost => "bad_host",
-            Refused::DuplicateKeyHeader => "duplicate_key_header",
-            Refused::BadFraming => "bad_framing",
-        }
-    }
-
     /// What the 400's body says.
     pub fn explain(self) -> &'static str {
         match self {
@@ -66,14 +51,16 @@ impl Refused {
     }
 }
 
-/// What an escaped `/` (`%2F`) or `\` (`%5C`, or raw) in a path gets: upstreams disagree on
-/// whether they separate segments, so by default the request is refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum EscapedSlashes {
-    #[default]
-    Reject,
-    /// Kept encoded (`%2F`, `%5C`), for upstreams that need them and do not decode them.
-    Keep,
+words! {
+    /// What an escaped `/` (`%2F`) or `\` (`%5C`, or raw) in a path gets: upstreams disagree on
+    /// whether they separate segments, so by default the request is refused.
+    #[derive(Default)]
+    pub enum EscapedSlashes {
+        #[default]
+        Reject = "reject",
+        /// Kept encoded (`%2F`, `%5C`), for upstreams that need them and do not decode them.
+        Keep = "keep",
+    }
 }
 /// A request target, split (RFC 9112 §3.2).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -107,25 +107,27 @@ pub enum RedisTarget {
     Sentinel { master: String, nodes: Vec<String> },
 }
 
-/// Whose clock a bucket refills by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClockSource {
-    /// Redis `TIME`: one clock for the whole fleet, so skew between proxies cannot over-admit.
-    Redis,
-    /// The proxy's own clock: skew between proxies can over-admit by at most refill × skew.
-    Proxy,
+words! {
+    /// Whose clock a bucket refills by.
+    pub enum ClockSource {
+        /// Redis `TIME`: one clock for the whole fleet, so skew between proxies cannot over-admit.
+        Redis = "redis",
+        /// The proxy's own clock: skew between proxies can over-admit by at most refill × skew.
+        Proxy = "proxy",
+    }
 }
 
-/// What a route does when the store cannot answer within its budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailMode {
-    /// Let the request through and count it as `fail_open`.
-    Open,
-    /// Answer 503 and count it as `fail_closed`.
-    Closed,
-    /// Decide with an in-process bucket (limits divided by `redis.fleet_size`), counted as
-    /// `local_fallback` or `local_rejected`.
-    Local,
+words! {
+    /// What a route does when the store cannot answer within its budget.
+    pub enum FailMode {
+        /// Let the request through and count it as `fail_open`.
+        Open = "open",
+        /// Answer 503 and count it as `fail_closed`.
+        Closed = "closed",
+        /// Decide with an in-process bucket (limits divided by `redis.fleet_size`), counted as
+        /// `local_fallback` or `local_rejected`.
+        Local = "local",
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -194,6 +196,14 @@ pub struct DenyResponse {
     pub format: DenyFormat,
 }
 
+words! {
+    /// The words of `deny.format`.
+    pub enum DenyFormatName {
+        Text = "text",
+        ProblemJson = "problem_json",
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DenyFormat {
     /// A short plain-text reason naming the limit.
@@ -219,15 +229,17 @@ pub struct Limit {
     pub cost: u64,
 }
 
-/// What a limit keyed on a header does with a request that carries that header more than once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DuplicateKeyHeader {
-    /// Refused with 400: otherwise a client rotates buckets in the first value while the upstream
-    /// reads another.
-    #[default]
-    Reject,
-    /// The first value is the key.
-    First,
+words! {
+    /// What a limit keyed on a header does with a request that carries that header more than once.
+    #[derive(Default)]
+    pub enum DuplicateKeyHeader {
+        /// Refused with 400: otherwise a client rotates buckets in the first value while the upstream
+        /// reads another.
+        #[default]
+        Reject = "reject",
+        /// The first value is the key.
+        First = "first",
+    }
 }
 
 /// What identifies a client for one limit.
@@ -247,15 +259,66 @@ pub enum KeySource {
     Route,
 }
 
-/// What a limit does with a request whose key part is absent or empty.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MissingKey {
-    /// Count it in the limit's one shared "missing" bucket.
-    Shared,
-    /// The limit does not apply to it.
-    Skip,
-    /// Refuse it with the route's deny response.
-    Deny,
+impl KeySource {
+    /// How each source is written in a limit's `key`.
+    pub const FORMS: [&str; 6] = [
+        "client_ip",
+        "route",
+        "path",
+        "method",
+        "header:<Name>",
+        "query:<name>",
+    ];
+}
+
+impl std::str::FromStr for KeySource {
+    type Err = String;
+
+    fn from_str(part: &str) -> Result<KeySource, String> {
+        let source = match part {
+            "client_ip" => Some(KeySource::ClientIp),
+            "route" => Some(KeySource::Route),
+            "path" => Some(KeySource::Path),
+            "method" => Some(KeySource::Method),
+            other => match other.split_once(':') {
+                Some(("header", h)) if http::HeaderName::from_bytes(h.as_bytes()).is_ok() => {
+                    Some(KeySource::Header(h.to_ascii_lowercase()))
+                }
+                Some(("query", q)) if !q.is_empty() => Some(KeySource::Query(q.to_string())),
+                _ => None,
+            },
+        };
+        source.ok_or_else(|| {
+            let (last, rest) = KeySource::FORMS.split_last().expect("forms");
+            format!("must be {} or {last}, got {part:?}", rest.join(", "))
+        })
+    }
+}
+
+impl std::fmt::Display for KeySource {
+    /// As the config writes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeySource::ClientIp => f.write_str("client_ip"),
+            KeySource::Header(h) => write!(f, "header:{h}"),
+            KeySource::Query(q) => write!(f, "query:{q}"),
+            KeySource::Path => f.write_str("path"),
+            KeySource::Method => f.write_str("method"),
+            KeySource::Route => f.write_str("route"),
+        }
+    }
+}
+
+words! {
+    /// What a limit does with a request whose key part is absent or empty.
+    pub enum MissingKey {
+        /// Count it in the limit's one shared "missing" bucket.
+        Shared = "shared",
+        /// The limit does not apply to it.
+        Skip = "skip",
+        /// Refuse it with the route's deny response.
+        Deny = "deny",
+    }
 }
 
 impl Config {

@@ -10,6 +10,7 @@
 //! after the last counted failure was seen. Script and other non-transient errors do not count:
 //! they say nothing about reachability.
 
+pub use crate::metrics::BreakerState;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -17,24 +18,6 @@ use std::time::{Duration, Instant};
 const THRESHOLD: u32 = 3;
 const FIRST_COOL_DOWN: Duration = Duration::from_millis(100);
 const MAX_COOL_DOWN: Duration = Duration::from_secs(5);
-
-/// The breaker's state, as `ratelimit_redis_breaker_transitions_total{state}` names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BreakerState {
-    Closed,
-    Open,
-    HalfOpen,
-}
-
-impl BreakerState {
-    pub fn label(self) -> &'static str {
-        match self {
-            BreakerState::Closed => "closed",
-            BreakerState::Open => "open",
-            BreakerState::HalfOpen => "half_open",
-        }
-    }
-}
 
 /// Whether a call may go to the store now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,6 +8,7 @@ pub mod bucket;
 pub mod memory;
 pub mod redis;
 
+pub use crate::metrics::ErrorKind;
 use std::future::Future;
 use std::time::Duration;
 
@@ -125,14 +126,14 @@ pub enum LimiterError {
 
 impl LimiterError {
     /// The `kind` label of `ratelimit_redis_errors_total`.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            LimiterError::Timeout(_) => "timeout",
-            LimiterError::Connection(_) => "connection",
-            LimiterError::Script(_) => "script",
-            LimiterError::OutOfMemory(_) => "oom",
-            LimiterError::Other(_) => "other",
-            LimiterError::Unavailable => "unavailable",
+            LimiterError::Timeout(_) => ErrorKind::Timeout,
+            LimiterError::Connection(_) => ErrorKind::Connection,
+            LimiterError::Script(_) => ErrorKind::Script,
+            LimiterError::OutOfMemory(_) => ErrorKind::Oom,
+            LimiterError::Other(_) => ErrorKind::Other,
+            LimiterError::Unavailable => ErrorKind::Unavailable,
         }
     }
 

@@ -42,31 +42,20 @@ impl Validator<'_> {
             },
         };
         let key = self.key(r, base, raw.key);
-        let on_missing_key = match raw.on_missing_key.as_deref() {
-            None | Some("shared") => MissingKey::Shared,
-            Some("skip") => MissingKey::Skip,
-            Some("deny") => MissingKey::Deny,
-            Some(other) => {
-                self.problem(
-                    r,
-                    at(base, &["on_missing_key"]),
-                    format!("must be \"shared\", \"skip\" or \"deny\", got {other:?}"),
-                );
-                MissingKey::Shared
-            }
-        };
-        let on_duplicate_key_header = match raw.on_duplicate_key_header.as_deref() {
-            None | Some("reject") => DuplicateKeyHeader::Reject,
-            Some("first") => DuplicateKeyHeader::First,
-            Some(other) => {
-                self.problem(
-                    r,
-                    at(base, &["on_duplicate_key_header"]),
-                    format!("must be \"reject\" or \"first\", got {other:?}"),
-                );
-                DuplicateKeyHeader::Reject
-            }
-        };
+        let on_missing_key = self
+            .word(
+                r,
+                at(base, &["on_missing_key"]),
+                raw.on_missing_key.as_deref(),
+            )
+            .unwrap_or(MissingKey::Shared);
+        let on_duplicate_key_header = self
+            .word(
+                r,
+                at(base, &["on_duplicate_key_header"]),
+                raw.on_duplicate_key_header.as_deref(),
+            )
+            .unwrap_or_default();
         let cost = raw.cost.unwrap_or(1);
         if let Some(cap) = capacity {
             if cost == 0 || cost > cap {
@@ -116,29 +105,11 @@ impl Validator<'_> {
             .iter()
             .enumerate()
             .filter_map(|(i, part)| {
-                let source = match part.as_str() {
-                    "client_ip" => Some(KeySource::ClientIp),
-                    "route" => Some(KeySource::Route),
-                    "path" => Some(KeySource::Path),
-                    "method" => Some(KeySource::Method),
-                    other => match other.split_once(':') {
-                        Some(("header", h)) if http::HeaderName::from_bytes(h.as_bytes()).is_ok() => {
-                            Some(KeySource::Header(h.to_ascii_lowercase()))
-                        }
-                        Some(("query", q)) if !q.is_empty() => Some(KeySource::Query(q.to_string())),
-                        _ => None,
-                    },
-                };
-                if source.is_none() {
-                    self.problem(
-                        r,
-                        path(i),
-                        format!(
-                            "must be client_ip, route, path, method, header:<Name> or query:<name>, got {part:?}"
-                        ),
-                    );
+                let source = part.parse::<KeySource>();
+                if let Err(message) = &source {
+                    self.problem(r, path(i), message.clone());
                 }
-                source
+                source.ok()
             })
             .collect();
         if key.len() > 1 && key.contains(&KeySource::Route) {

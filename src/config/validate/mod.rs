@@ -142,7 +142,7 @@ impl Validator<'_> {
             }
         }
         let redis = raw.redis.and_then(|r| self.redis(r));
-        let default_fail = self.fail_mode(
+        let default_fail = self.word::<FailMode>(
             None,
             vec![key("on_redis_error")],
             raw.on_redis_error.as_deref(),
@@ -202,18 +202,13 @@ impl Validator<'_> {
                 format!("must be between 32 and 128, got {ipv6_prefix}"),
             );
         }
-        let path_escaped_slashes = match raw.path_escaped_slashes.as_deref() {
-            None | Some("reject") => EscapedSlashes::Reject,
-            Some("keep") => EscapedSlashes::Keep,
-            Some(other) => {
-                self.problem(
-                    None,
-                    vec![key("path_escaped_slashes")],
-                    format!("must be \"reject\" or \"keep\", got {other:?}"),
-                );
-                EscapedSlashes::Reject
-            }
-        };
+        let path_escaped_slashes = self
+            .word(
+                None,
+                vec![key("path_escaped_slashes")],
+                raw.path_escaped_slashes.as_deref(),
+            )
+            .unwrap_or_default();
         let downstream = self.downstream(raw.downstream);
         let routes = self.routes(
             raw.routes,
@@ -352,23 +347,21 @@ impl Validator<'_> {
         name
     }
 
-    pub(super) fn fail_mode(
+    /// A word of one of the config's word lists (`words!`), when given; a problem names the
+    /// words it may be.
+    pub(super) fn word<T>(
         &mut self,
         route: Option<&str>,
         path: Vec<Seg>,
         raw: Option<&str>,
-    ) -> Option<FailMode> {
-        match raw {
-            None => None,
-            Some("open") => Some(FailMode::Open),
-            Some("closed") => Some(FailMode::Closed),
-            Some("local") => Some(FailMode::Local),
-            Some(other) => {
-                self.problem(
-                    route,
-                    path,
-                    format!("must be \"open\", \"closed\" or \"local\", got {other:?}"),
-                );
+    ) -> Option<T>
+    where
+        T: std::str::FromStr<Err = String>,
+    {
+        match raw?.parse() {
+            Ok(word) => Some(word),
+            Err(message) => {
+                self.problem(route, path, message);
                 None
             }
         }

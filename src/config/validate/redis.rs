@@ -62,18 +62,9 @@ impl Validator<'_> {
                 format!("{key_prefix:?} must be 1 to 64 visible ASCII characters without braces"),
             );
         }
-        let clock = match raw.clock.as_deref() {
-            None | Some("redis") => ClockSource::Redis,
-            Some("proxy") => ClockSource::Proxy,
-            Some(other) => {
-                self.problem(
-                    None,
-                    vec![key("redis"), key("clock")],
-                    format!("must be \"redis\" or \"proxy\", got {other:?}"),
-                );
-                ClockSource::Redis
-            }
-        };
+        let clock = self
+            .word(None, vec![key("redis"), key("clock")], raw.clock.as_deref())
+            .unwrap_or(ClockSource::Redis);
         (self.problems.len() == before).then(|| RedisSettings {
             target: target.expect("no problem means a target"),
             password_env,

@@ -173,7 +173,7 @@ impl Validator<'_> {
             .unwrap_or_default();
         let deny = self.deny(r, base, raw.deny);
         let on_redis_error = self
-            .fail_mode(
+            .word(
                 r,
                 at(base, &["on_redis_error"]),
                 raw.on_redis_error.as_deref(),
@@ -309,30 +309,27 @@ impl Validator<'_> {
                 format!("must be a 4xx or 5xx status, got {status}"),
             );
         }
-        let format = match (raw.format.as_deref(), raw.body) {
-            (None | Some("text"), None) => DenyFormat::Text,
-            (None | Some("text"), Some(body)) => DenyFormat::Custom {
+        let name = self
+            .word(r, at(base, &["deny", "format"]), raw.format.as_deref())
+            .unwrap_or(DenyFormatName::Text);
+        let format = match (name, raw.body) {
+            (DenyFormatName::Text, None) => DenyFormat::Text,
+            (DenyFormatName::Text, Some(body)) => DenyFormat::Custom {
                 body,
                 content_type: raw
                     .content_type
                     .unwrap_or_else(|| "text/plain; charset=utf-8".into()),
             },
-            (Some("problem_json"), None) if raw.content_type.is_none() => DenyFormat::ProblemJson,
-            (Some("problem_json"), _) => {
+            (DenyFormatName::ProblemJson, None) if raw.content_type.is_none() => {
+                DenyFormat::ProblemJson
+            }
+            (DenyFormatName::ProblemJson, _) => {
                 self.problem(
                     r,
                     at(base, &["deny", "format"]),
                     "problem_json writes its own body and content type: leave body and content_type out",
                 );
                 DenyFormat::ProblemJson
-            }
-            (Some(other), _) => {
-                self.problem(
-                    r,
-                    at(base, &["deny", "format"]),
-                    format!("must be \"text\" or \"problem_json\", got {other:?}"),
-                );
-                DenyFormat::Text
             }
         };
         if let DenyFormat::Custom { content_type, .. } = &format {

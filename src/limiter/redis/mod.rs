@@ -21,7 +21,7 @@ pub use standalone::Standalone;
 
 use super::breaker::{Admission, Breaker, BreakerState, Transition};
 use super::bucket::{report, State};
-use super::{Bucket, Decision, Limiter, LimiterError};
+use super::{Bucket, Decision, ErrorKind, Limiter, LimiterError};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::throttle::Throttle;
@@ -193,7 +193,7 @@ impl RedisLimiter {
     /// A bucket key held something else (written by another program, or a format this version
     /// does not read). The script rewrote it; the operator should know something else writes there.
     fn bad_state(&self, key: &str) {
-        self.metrics.redis_error("bad_state");
+        self.metrics.redis_error(ErrorKind::BadState);
         if let Some(more) = self.bad_keys.note(key, Instant::now()) {
             log::warn!(
                 "redis: key {key} held something other than a bucket; rewritten as a full bucket{}",
@@ -211,8 +211,7 @@ impl RedisLimiter {
             BreakerState::HalfOpen => log::info!("redis circuit breaker half-open: probing"),
             BreakerState::Closed => log::info!("redis reachable again: circuit breaker closed"),
         }
-        self.metrics
-            .breaker(state.label(), state == BreakerState::Closed);
+        self.metrics.breaker(state);
     }
 }
 
@@ -239,7 +238,7 @@ impl Limiter for RedisLimiter {
                 let transition = if e.is_transient() {
                     self.breaker.failure(started, Instant::now())
                 } else {
-                    if let Some(more) = self.errors.note(e.kind(), Instant::now()) {
+                    if let Some(more) = self.errors.note(e.kind().as_str(), Instant::now()) {
                         log::warn!(
                             "redis: a decision failed ({}): {e}{}",
                             e.kind(),
