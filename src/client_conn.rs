@@ -1,5 +1,5 @@
-//! A client connection as Pingora reads it: the head this proxy has already read (with its
-//! deadlines) comes first, then only as many bytes as the request's body has.
+//! A client connection as Pingora reads it after this proxy read the request's head (with its
+//! deadlines; Pingora gets the head as its parse buffer): only as many bytes as the body has.
 //!
 //! Bytes past the body are the next request's (a pipelining client sends it without waiting).
 //! They are held back, so Pingora neither takes them for body bytes nor, probing the connection
@@ -9,11 +9,12 @@
 
 use crate::head::Body;
 use async_trait::async_trait;
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use pingora::protocols::{
     GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, Ssl, Stream, UniqueID,
     UniqueIDType, ALPN,
 };
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -25,8 +26,6 @@ const MAX_HELD: usize = 1 << 20;
 #[derive(Debug)]
 pub struct ClientConn {
     inner: Stream,
-    /// The head Pingora is about to parse.
-    head: Bytes,
     /// What may be read after the head: `None` is unbounded (chunked, tunnel).
     allowance: Option<u64>,
     /// Read from the socket but not Pingora's yet: the next request's bytes.
@@ -37,7 +36,6 @@ impl ClientConn {
     pub fn new(inner: Stream) -> ClientConn {
         ClientConn {
             inner,
-            head: Bytes::new(),
             allowance: None,
             held: BytesMut::new(),
         }
@@ -53,10 +51,9 @@ impl ClientConn {
         &mut self.inner
     }
 
-    /// The next request: `head` is what Pingora reads first; after it, the body as `body` frames
-    /// it; `rest` came after the head on the same reads.
-    pub fn next_request(&mut self, head: Bytes, body: Body, rest: BytesMut) {
-        self.head = head;
+    /// The next request, whose head was read: after it, the body as `body` frames it; `rest` came
+    /// after the head on the same reads.
+    pub fn next_request(&mut self, body: Body, rest: BytesMut) {
         self.allowance = match body {
             Body::Length(n) => Some(n),
             Body::Chunked | Body::Tunnel => None,
@@ -72,12 +69,6 @@ impl AsyncRead for ClientConn {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
-        if !this.head.is_empty() {
-            let n = this.head.len().min(buf.remaining());
-            buf.put_slice(&this.head[..n]);
-            this.head.advance(n);
-            return Poll::Ready(Ok(()));
-        }
         let allowed = this
             .allowance
             .map_or(usize::MAX, |a| usize::try_from(a).unwrap_or(usize::MAX));
@@ -107,9 +98,9 @@ impl AsyncRead for ClientConn {
         }
         // The body is complete: whatever comes now belongs to the next request. Keep it, and
         // answer like an idle socket: pending while the client is there, end of file once gone.
-        let mut scratch = [0u8; 4096];
+        let mut scratch = [MaybeUninit::<u8>::uninit(); 4096];
         loop {
-            let mut read = ReadBuf::new(&mut scratch);
+            let mut read = ReadBuf::uninit(&mut scratch);
             match Pin::new(&mut this.inner).poll_read(cx, &mut read) {
                 Poll::Ready(Ok(())) if read.filled().is_empty() => return Poll::Ready(Ok(())),
                 Poll::Ready(Ok(())) => {
@@ -220,11 +211,6 @@ impl GetSocketDigest for ClientConn {
 #[async_trait]
 impl Peek for ClientConn {
     async fn try_peek(&mut self, buf: &mut [u8]) -> std::io::Result<bool> {
-        if self.head.is_empty() {
-            return self.inner.try_peek(buf).await;
-        }
-        let n = self.head.len().min(buf.len());
-        buf[..n].copy_from_slice(&self.head[..n]);
-        Ok(true)
+        self.inner.try_peek(buf).await
     }
 }

@@ -14,7 +14,7 @@ use crate::config::Downstream;
 use crate::head;
 use crate::metrics::{Closed, Metrics};
 use async_trait::async_trait;
-use bytes::Bytes;
+use bytes::BytesMut;
 use pingora::apps::{HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::Stream;
@@ -26,6 +26,8 @@ use tokio::time::Instant;
 
 /// Pingora's own limit on a request head.
 const MAX_HEAD: usize = 1 << 20;
+/// What a head is read into at first, as Pingora does: most heads fit.
+const HEAD_BUFFER: usize = 4096;
 
 pub struct Connections<A> {
     app: Arc<A>,
@@ -105,14 +107,16 @@ where
         let mut settings = None;
         let mut first = true;
         loop {
-            match self.read_head(&mut conn, first, started, shutdown).await {
-                Ok(()) => {}
+            let head = match self.read_head(&mut conn, first, started, shutdown).await {
+                Ok(head) => head,
                 Err(end) => {
                     self.close(&mut conn, end).await;
                     return None;
                 }
-            }
+            };
             let mut session = ServerSession::new_http1(conn);
+            // Pingora parses the head from this buffer without reading the socket again.
+            session.set_pipelined_prefix(head);
             match settings.take() {
                 Some(previous) => {
                     pingora::apps::HttpPersistentSettings::apply_to_session(previous, &mut session)
@@ -144,15 +148,19 @@ where
 }
 
 impl<A> Connections<A> {
-    /// Reads the next request head into `conn`, within its deadlines.
+    /// Reads the next request head within its deadlines; `conn` is told how long the body after
+    /// it is.
     async fn read_head(
         &self,
         conn: &mut ClientConn,
         first: bool,
         started: Instant,
         shutdown: &ShutdownWatch,
-    ) -> Result<(), NoHead> {
+    ) -> Result<BytesMut, NoHead> {
         let mut buf = conn.take_held();
+        if buf.is_empty() {
+            buf = BytesMut::with_capacity(HEAD_BUFFER);
+        }
         // The first head is due `header_timeout` after the connection opened; a later one after
         // its first byte, which a kept-alive connection may wait `idle_timeout` for.
         let mut deadline = match (first, buf.is_empty()) {
@@ -164,10 +172,15 @@ impl<A> Connections<A> {
         let mut from = 0;
         loop {
             if let Some(end) = head::end(&buf, from) {
-                let rest = buf.split_off(end);
+                // Most heads come alone: no split, which would share the buffer (an allocation).
+                let rest = if end < buf.len() {
+                    buf.split_off(end)
+                } else {
+                    BytesMut::new()
+                };
                 let body = head::inspect(&buf).map_err(NoHead::Refused)?;
-                conn.next_request(Bytes::from(buf), body, rest);
-                return Ok(());
+                conn.next_request(body, rest);
+                return Ok(buf);
             }
             if buf.len() > MAX_HEAD {
                 return Err(NoHead::TooLarge);
