@@ -106,7 +106,8 @@ impl RouteHeaders {
         &'a self,
         decision: &Decision,
         limits: &[usize],
-        route: &'a crate::plan::RoutePlan,
+        status: u16,
+        route: &'a str,
     ) -> (Vec<(&'static str, HeaderValue)>, Refusal<'a>) {
         let mut extra = Vec::with_capacity(6);
         self.each(decision, limits, |name, value| extra.push((name, value)));
@@ -118,8 +119,8 @@ impl RouteHeaders {
             .map(|(_, &i)| self.limit_name(i))
             .collect();
         let why = Refusal {
-            status: route.deny.status,
-            route: &route.name,
+            status,
+            route,
             violated,
             retry_after: Some(retry_after_secs(decision)),
         };

@@ -311,7 +311,10 @@ async fn answer(session: &mut Session, route: &RoutePlan, verdict: Verdict) -> R
     match verdict {
         Verdict::Pass(..) => Ok(()),
         Verdict::Reject(_, decision, limits) => {
-            let (extra, why) = route.headers.rejection(&decision, &limits, route);
+            let (extra, why) =
+                route
+                    .headers
+                    .rejection(&decision, &limits, route.deny.status, &route.name);
             refuse(session, route, extra, &why).await
         }
         Verdict::MissingKey(i) => {
