@@ -3,17 +3,21 @@
 //!
 //! # Layout
 //!
-//! A request travels `proxy` (Pingora phases) → `route` (which route) → `client` (who is asking,
-//! behind trusted proxies) → `draw` (which buckets, built by `key`; enforced and shadow) →
-//! `deny_cache` (a denial still standing?) → `limiter` (one atomic decision: `limiter::redis` runs
-//! `lua/token_bucket.lua` behind `limiter::breaker`, `limiter::memory` the same arithmetic
-//! in-process, from `limiter::bucket`) → `headers` (what the client sees) → `upstream` (which
-//! backend of the pool) → `metrics` (what the operator sees).
+//! A connection passes `downstream` (how many, how long each may take; each head read by
+//! `client_conn` and checked by `head` before Pingora parses it). A request then travels `proxy`
+//! (Pingora phases) → `canonical` (the one form routes, keys and the upstream see) → `route`
+//! (which route) → `client` (who is asking, behind trusted proxies) → `gate` (the decision
+//! policy: allowlist, `draw` of the buckets built by `key`, enforced and shadow, `deny_cache`, the
+//! route's `on_redis_error`) → `limiter` (one atomic decision: `limiter::redis` runs
+//! `lua/token_bucket.lua` on one of its topologies behind `limiter::breaker`, `limiter::memory`
+//! the same arithmetic in-process, from `limiter::bucket`) → `headers` (what the client sees) →
+//! `upstream` (which backend of the pool) → `metrics` (what the operator sees).
 //!
-//! `config` validates the YAML into the types all of these use, and `explain` prints them for
-//! `--check`; `plan` compiles them for the request path and `reload` swaps a new plan in;
-//! `server` wires everything into Pingora, with `admin` (metrics and health endpoints) and `health`
-//! (active upstream checks) beside the proxy.
+//! `config` validates the YAML into the types all of these use (their words listed once, with
+//! `words!`), and `explain` prints them for `--check`; `plan` compiles them for the request path
+//! and `reload` swaps a new plan in; `server` wires everything into Pingora on sockets `bind`
+//! bound first, with `admin` (metrics and health endpoints) and `health` (active upstream checks)
+//! beside the proxy, and `logging` keeping clients from writing the log.
 
 #[macro_use]
 pub mod words;
