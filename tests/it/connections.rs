@@ -432,3 +432,29 @@ fn the_admin_listener_cuts_off_a_slow_head_too() {
         "not the clients' connections"
     );
 }
+
+/// A body larger than any buffer, sent in pieces: it reaches the upstream whole, and the
+/// connection serves the next request after it.
+#[test]
+fn a_large_body_reaches_the_upstream_whole_and_the_connection_goes_on() {
+    let s = Setup::start(Backend::Memory, ROUTE);
+    let body: Vec<u8> = (0..(1 << 20)).map(|i| b'a' + (i % 26) as u8).collect();
+    let mut c = TcpStream::connect(s.proxy.addr).unwrap();
+    c.write_all(
+        format!(
+            "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    for piece in body.chunks(100_000) {
+        c.write_all(piece).unwrap();
+    }
+    assert!(read_response(&mut c).starts_with("HTTP/1.1 200 "));
+    assert_eq!(s.upstream.last_body(), body);
+    c.write_all(b"GET /next HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
+    assert!(read_response(&mut c).starts_with("HTTP/1.1 200 "));
+    assert_eq!(s.upstream.targets(), ["/up", "/next"]);
+}
