@@ -16,15 +16,13 @@ use crate::canonical::Refused;
 pub fn end(buf: &[u8], from: usize) -> Option<usize> {
     let start = buf.iter().position(|&b| b != b'\r' && b != b'\n')?;
     let mut i = from.max(start);
-    while i < buf.len() {
-        if buf[i] == b'\n' {
-            match &buf[i + 1..] {
-                [b'\n', ..] => return Some(i + 2),
-                [b'\r', b'\n', ..] => return Some(i + 3),
-                _ => {}
-            }
+    while let Some(at) = memchr::memchr(b'\n', &buf[i..]) {
+        let newline = i + at;
+        match &buf[newline + 1..] {
+            [b'\n', ..] => return Some(newline + 2),
+            [b'\r', b'\n', ..] => return Some(newline + 3),
+            _ => i = newline + 1,
         }
-        i += 1;
     }
     None
 }
@@ -49,9 +47,12 @@ pub enum Body {
 /// The body's framing, or why the head is refused. Anything else malformed is left to Pingora's
 /// parser, which answers 400 itself.
 pub fn inspect(head: &[u8]) -> Result<Body, Refused> {
-    let mut lines = head
-        .split(|&b| b == b'\n')
-        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+    let mut lines = memchr::memchr_iter(b'\n', head)
+        .scan(0, |start, end| {
+            let line = &head[*start..end];
+            *start = end + 1;
+            Some(line.strip_suffix(b"\r").unwrap_or(line))
+        })
         .skip_while(|l| l.is_empty());
     let request_line = lines.next().unwrap_or_default();
     let http10 = request_line.ends_with(b"HTTP/1.0");
@@ -61,12 +62,23 @@ pub fn inspect(head: &[u8]) -> Result<Body, Refused> {
     let mut hosts = 0;
     let mut upgrade = false;
     for line in lines {
-        let Some(colon) = line.iter().position(|&b| b == b':') else {
-            continue;
+        // Only four names matter here: most lines are passed over by their first letter.
+        let (wanted, first): (&[u8], _) = match line.first().map(u8::to_ascii_lowercase) {
+            Some(b'c') => (b"content-length", b'c'),
+            Some(b't') => (b"transfer-encoding", b't'),
+            Some(b'h') => (b"host", b'h'),
+            Some(b'u') => (b"upgrade", b'u'),
+            _ => continue,
         };
-        let (name, value) = (&line[..colon], trim(&line[colon + 1..]));
-        match name.first().map(u8::to_ascii_lowercase) {
-            Some(b'c') if name.eq_ignore_ascii_case(b"content-length") => {
+        let named = line.len() > wanted.len()
+            && line[wanted.len()] == b':'
+            && line[..wanted.len()].eq_ignore_ascii_case(wanted);
+        if !named {
+            continue;
+        }
+        let value = trim(&line[wanted.len() + 1..]);
+        match first {
+            b'c' => {
                 for n in value.split(|&b| b == b',').map(trim) {
                     let n = digits(n).ok_or(Refused::BadFraming)?;
                     if length.is_some_and(|l| l != n) {
@@ -75,14 +87,13 @@ pub fn inspect(head: &[u8]) -> Result<Body, Refused> {
                     length = Some(n);
                 }
             }
-            Some(b't') if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+            b't' => {
                 // Only the last coding of the last line counts: it must be chunked.
                 let last = value.rsplit(|&b| b == b',').next().map(trim);
                 chunked = Some(last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")));
             }
-            Some(b'h') if name.eq_ignore_ascii_case(b"host") => hosts += 1,
-            Some(b'u') if name.eq_ignore_ascii_case(b"upgrade") => upgrade = true,
-            _ => {}
+            b'h' => hosts += 1,
+            _ => upgrade = true,
         }
     }
     if hosts > 1 {

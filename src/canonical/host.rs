@@ -24,10 +24,21 @@ impl Host<'_> {
     }
 }
 
+/// What a reg-name may hold besides dots: unreserved characters and sub-delims (RFC 3986 §3.2.2),
+/// not escapes.
+fn label_char(b: u8) -> bool {
+    unreserved(b)
+        || matches!(
+            b,
+            b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'='
+        )
+}
+
 /// Parses a Host header value (or the authority of an absolute-form target): `reg-name[:port]` or
 /// `[IPv6][:port]`. Userinfo, escapes, empty labels and anything outside RFC 3986's host syntax are
 /// refused.
 pub fn host(raw: &[u8]) -> Result<Host<'_>, Refused> {
+    let mut upper = false;
     let (name, port) = if raw.first() == Some(&b'[') {
         let close = raw
             .iter()
@@ -35,6 +46,7 @@ pub fn host(raw: &[u8]) -> Result<Host<'_>, Refused> {
             .ok_or(Refused::BadHost)?;
         let inside = std::str::from_utf8(&raw[1..close]).map_err(|_| Refused::BadHost)?;
         inside.parse::<Ipv6Addr>().map_err(|_| Refused::BadHost)?;
+        upper = inside.bytes().any(|b| b.is_ascii_uppercase());
         let port = match &raw[close + 1..] {
             [] => None,
             [b':', port @ ..] => Some(port),
@@ -42,10 +54,31 @@ pub fn host(raw: &[u8]) -> Result<Host<'_>, Refused> {
         };
         (&raw[..=close], port)
     } else {
-        match raw.iter().position(|&b| b == b':') {
-            Some(colon) => (&raw[..colon], Some(&raw[colon + 1..])),
-            None => (raw, None),
+        // One pass: where the name ends, that every byte may be in a name, that no label is
+        // empty, and whether any letter must be lowercased.
+        let mut end = raw.len();
+        let mut empty_label = true;
+        for (i, &b) in raw.iter().enumerate() {
+            match b {
+                b':' => {
+                    end = i;
+                    break;
+                }
+                b'.' if empty_label => return Err(Refused::BadHost),
+                b'.' => empty_label = true,
+                b if label_char(b) => {
+                    upper |= b.is_ascii_uppercase();
+                    empty_label = false;
+                }
+                _ => return Err(Refused::BadHost),
+            }
         }
+        // Empty here: the name is empty, or ends in a dot (one trailing dot is allowed).
+        if empty_label && !(end > 1 && raw[end - 1] == b'.' && raw[end - 2] != b'.') {
+            return Err(Refused::BadHost);
+        }
+        let port = (end < raw.len()).then(|| &raw[end + 1..]);
+        (&raw[..end], port)
     };
     // `host:` (an empty port) and `host:080` are valid, but not how the upstream is told.
     let mut as_sent = !matches!(port, Some([]) | Some([b'0', _, ..]));
@@ -58,31 +91,11 @@ pub fn host(raw: &[u8]) -> Result<Host<'_>, Refused> {
         }
         Some(_) => return Err(Refused::BadHost),
     };
-    let name = if name.first() == Some(&b'[') {
-        name
-    } else {
-        let stripped = name.strip_suffix(b".");
-        as_sent &= stripped.is_none();
-        let name = stripped.unwrap_or(name);
-        let label_char = |b: &u8| {
-            unreserved(*b)
-                || matches!(
-                    b,
-                    b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'='
-                )
-        };
-        if name.is_empty()
-            || !name.iter().all(label_char)
-            || name.split(|&b| b == b'.').any(<[u8]>::is_empty)
-        {
-            return Err(Refused::BadHost);
-        }
-        name
-    };
+    let stripped = name.strip_suffix(b".");
+    as_sent &= stripped.is_none() && !upper;
     // ASCII by now.
-    let name = std::str::from_utf8(name).map_err(|_| Refused::BadHost)?;
-    let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
-        as_sent = false;
+    let name = std::str::from_utf8(stripped.unwrap_or(name)).map_err(|_| Refused::BadHost)?;
+    let name = if upper {
         Cow::Owned(name.to_ascii_lowercase())
     } else {
         Cow::Borrowed(name)
