@@ -103,12 +103,19 @@ pub fn evaluate(now: u64, params: &[BucketParams], states: &mut [Option<State>])
 /// how a remembered denial is answered again. Only a denial means anything here; `allowed` says
 /// that the buckets may hold enough again, which only the store can tell.
 pub fn peek(now: u64, params: &[BucketParams], states: &[State]) -> Decision {
-    let mut refilled: Vec<State> = params
-        .iter()
-        .zip(states)
-        .map(|(p, s)| refill(now, p, Some(*s)))
+    // Refilled twice rather than kept: a remembered denial is answered on every request of a
+    // hammering client, and this way with one allocation (the reply's), not two.
+    let refilled = || {
+        params
+            .iter()
+            .zip(states)
+            .map(|(p, s)| (p, refill(now, p, Some(*s))))
+    };
+    let allowed = refilled().all(|(p, s)| s.v >= p.cost * p.scale);
+    let limits = refilled()
+        .map(|(p, s)| report(now, p, &s, s.v >= p.cost * p.scale))
         .collect();
-    take(now, params, &mut refilled)
+    Decision { allowed, limits }
 }
 
 /// Takes every cost from the refilled buckets, or none.
