@@ -97,30 +97,33 @@ fn sigterm_lets_the_request_in_flight_finish_then_exits_cleanly() {
 
 /// Valid but almost surely a mistake: trusting every address as a proxy lets any client forge
 /// `X-Forwarded-For`. `--check` accepts the file and says why it should not.
-#[test]
-fn check_warns_of_a_trusted_proxy_block_wider_than_a_slash_8() {
+/// `--check` on a config file holding `yaml`: its output, and the file's path.
+fn check(yaml: &str) -> (std::process::Output, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("routes.yaml");
-    std::fs::write(
-        &path,
-        "listen: \"127.0.0.1:8080\"\ntrusted_proxies:\n  - \"10.0.0.0/8\"\n  - \"0.0.0.0/0\"\nroutes:\n  - { name: a, upstream: \"127.0.0.1:8000\" }\n",
-    )
-    .unwrap();
+    std::fs::write(&path, yaml).unwrap();
     let out = Command::new(BIN)
         .arg("--config")
         .arg(&path)
         .arg("--check")
         .output()
         .unwrap();
+    (out, path.display().to_string())
+}
+
+#[test]
+fn check_warns_of_a_trusted_proxy_block_wider_than_a_slash_8() {
+    let (out, path) = check(
+        "listen: \"127.0.0.1:8080\"\ntrusted_proxies:\n  - \"10.0.0.0/8\"\n  - \"0.0.0.0/0\"\nroutes:\n  - { name: a, upstream: \"127.0.0.1:8000\" }\n",
+    );
     assert!(out.status.success(), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
         stderr.trim_end(),
         format!(
-            "warning: {}:4: trusted_proxies[1]: \"0.0.0.0/0\" trusts more than a /8 of IPv4 or a /32 of IPv6: \
+            "warning: {path}:4: trusted_proxies[1]: \"0.0.0.0/0\" trusts more than a /8 of IPv4 or a /32 of IPv6: \
              any client in it can forge X-Forwarded-For and get a fresh bucket per request; list only your \
-             load balancers' addresses",
-            path.display()
+             load balancers' addresses"
         )
     );
 }
@@ -128,22 +131,11 @@ fn check_warns_of_a_trusted_proxy_block_wider_than_a_slash_8() {
 /// A document nested thousands of levels deep is refused at once, with one line.
 #[test]
 fn check_refuses_a_deeply_nested_document_with_one_line() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("routes.yaml");
-    std::fs::write(&path, format!("listen: {}", "[".repeat(200_000))).unwrap();
-    let out = Command::new(BIN)
-        .arg("--config")
-        .arg(&path)
-        .arg("--check")
-        .output()
-        .unwrap();
+    let (out, path) = check(&format!("listen: {}", "[".repeat(200_000)));
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
         stderr.trim_end(),
-        format!(
-            "{}:1: the document nests deeper than 64 levels; a config needs fewer than 10",
-            path.display()
-        )
+        format!("{path}:1: the document nests deeper than 64 levels; a config needs fewer than 10")
     );
 }

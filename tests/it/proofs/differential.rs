@@ -212,6 +212,26 @@ impl History {
     }
 }
 
+/// The in-memory store's decision at `now` for these buckets.
+fn decide_in_memory<K: AsRef<str>>(
+    memory: &MemoryLimiter<Arc<SetClock>>,
+    clock: &SetClock,
+    now: u64,
+    keys: &[K],
+    params: &[BucketParams],
+) -> Decision {
+    clock.set(now);
+    let buckets: Vec<Bucket<'_>> = keys
+        .iter()
+        .zip(params)
+        .map(|(key, p)| Bucket {
+            key: key.as_ref(),
+            params: *p,
+        })
+        .collect();
+    memory.decide(&buckets).expect("one hash tag")
+}
+
 /// Replays `h` through the script, the in-memory store and the mirror, comparing every step.
 fn replay(s: &Script, h: &History) -> Result<(), TestCaseError> {
     let mut conn = s.redis.connection().unwrap();
@@ -243,13 +263,7 @@ fn replay(s: &Script, h: &History) -> Result<(), TestCaseError> {
         let replies: Vec<Value> = tx.query(&mut conn).expect("MULTI");
         let lua = decision(&replies[0], &params);
 
-        clock.set(now);
-        let buckets: Vec<Bucket<'_>> = keys
-            .iter()
-            .zip(&params)
-            .map(|(key, p)| Bucket { key, params: *p })
-            .collect();
-        let in_memory = memory.decide(&buckets).expect("one hash tag");
+        let in_memory = decide_in_memory(&memory, &clock, now, &keys, &params);
 
         let mut states: Vec<Option<State>> = picked.iter().map(|(k, _)| mirror[*k]).collect();
         let rust = evaluate(now, &params, &mut states);
@@ -383,13 +397,7 @@ fn replay_cached(s: &Script, h: &History, fleet: bool) -> Result<(), TestCaseErr
             )
         };
 
-        clock.set(now);
-        let buckets: Vec<Bucket<'_>> = keys
-            .iter()
-            .zip(&params)
-            .map(|(key, p)| Bucket { key, params: *p })
-            .collect();
-        let in_memory = memory.decide(&buckets).expect("one hash tag");
+        let in_memory = decide_in_memory(&memory, &clock, now, &keys, &params);
 
         let cache = caches
             .entry(proxy)
