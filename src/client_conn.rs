@@ -86,7 +86,8 @@ impl AsyncRead for ClientConn {
                     other => return other,
                 }
                 let n = limited.filled().len();
-                // `take` filled the caller's own memory.
+                // SAFETY: the inner read initialized the first `n` bytes of `buf`'s unfilled part,
+                // which `limited` borrowed.
                 unsafe { buf.assume_init(n) };
                 buf.advance(n);
                 n
