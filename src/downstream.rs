@@ -169,6 +169,7 @@ impl<A> Connections<A> {
             (false, true) => None,
         };
         let idle_until = Instant::now() + self.limits.idle_timeout;
+        let mut shutdown = shutdown.clone();
         let mut from = 0;
         loop {
             if let Some(end) = head::end(&buf, from) {
@@ -187,11 +188,14 @@ impl<A> Connections<A> {
             }
             from = head::resume_at(&buf);
             let until = deadline.unwrap_or(idle_until);
-            let mut shutdown = shutdown.clone();
+            // Pingora's timeout, not tokio's: it makes a timer only if the read has to wait, and
+            // shares coarse ones instead of waking the runtime's timer driver for each (strace
+            // counted 0.3 more futex calls per request with tokio's).
+            let left = until.saturating_duration_since(Instant::now());
             let read = tokio::select! {
                 biased;
                 _ = shutdown.changed() => return Err(NoHead::ShuttingDown),
-                read = tokio::time::timeout_at(until, conn.socket().read_buf(&mut buf)) => read,
+                read = pingora::time::timeout(left, conn.socket().read_buf(&mut buf)) => read,
             };
             match read {
                 Err(_) if deadline.is_none() => return Err(NoHead::Idle),
