@@ -19,7 +19,10 @@
 # REDIS_KEYS (clients for the Redis memory figure, 100000), REV
 # (commit to build, default HEAD, from a `git archive` snapshot so that uncommitted edits in the
 # shared checkout neither break the build nor slip into the numbers; REV=worktree builds the
-# checkout as it is), KEEP_TMP=1 (keep the temp dir: configs, logs, raw output), ONLY (an extended
+# checkout as it is), BASELINE (another commit, built the same way: its proxy runs beside REV's on the
+# same Redis and upstream, as the contenders "baseline: proxy, no limits", "baseline: proxy, Redis"
+# and "baseline: proxy, Redis, hot key", so that two commits are compared within one run),
+# KEEP_TMP=1 (keep the temp dir: configs, logs, raw output), ONLY (an extended
 # regex: run only the contenders whose names match, e.g. ONLY='proxy_pass|proxy, no' while
 # iterating), OUT (default bench/results/compare.md). The Markdown report is printed too.
 #
@@ -54,7 +57,7 @@
 set -euo pipefail
 
 overrides=""
-for v in REV CONNECTIONS ROUNDS DURATION PACED_C RSS_KEYS REDIS_KEYS ONLY OUT; do [[ -n ${!v:-} ]] && overrides+="$v=$(printf %q "${!v}") "; done
+for v in REV BASELINE CONNECTIONS ROUNDS DURATION PACED_C RSS_KEYS REDIS_KEYS ONLY OUT; do [[ -n ${!v:-} ]] && overrides+="$v=$(printf %q "${!v}") "; done
 
 CONNECTIONS=${CONNECTIONS:-16 64 256}
 ROUNDS=${ROUNDS:-2}
@@ -137,6 +140,12 @@ build_rev compare --bin ratelimit-proxy
 # A private copy: another build in the same target dir may replace the binary mid-run.
 cp "$build_dir/release/ratelimit-proxy" "$work/ratelimit-proxy"
 proxy_bin=$work/ratelimit-proxy
+if [[ -n ${BASELINE:-} ]]; then
+    rev_measured=$measured
+    REV=$BASELINE build_rev baseline --bin ratelimit-proxy
+    cp "$build_dir/release/ratelimit-proxy" "$work/ratelimit-proxy-baseline"
+    measured="$rev_measured; baseline: $measured"
+fi
 
 # --- Redis ---------------------------------------------------------------------------------------
 
@@ -275,7 +284,7 @@ $(lua_location /luahot/ "'rl:{ngxhot:' .. (ngx.var.http_x_api_key or '') .. '}:h
 
 # --- the proxies -------------------------------------------------------------------------------
 
-# start_proxy NAME YAML_HEAD ROUTES: sets REPLY to its listen address.
+# start_proxy NAME YAML_HEAD ROUTES [BINARY]: sets REPLY to its listen address (BINARY: REV's by default).
 start_proxy() {
     local name=$1 head=$2 routes=$3
     free_port; local listen=127.0.0.1:$REPLY
@@ -283,8 +292,9 @@ start_proxy() {
     local conf=$work/$name.yaml
     printf 'listen: "%s"\nadmin: "%s"\nshutdown_grace_seconds: 0\n%s\nroutes:\n%s\n' \
         "$listen" "$admin" "$head" "$routes" >"$conf"
-    "$proxy_bin" --config "$conf" --check >/dev/null || die "invalid config $conf"
-    RUST_LOG=warn start "$name" "$proxy_bin" --config "$conf" --upgrade-sock "$work/$name-upgrade.sock"
+    local bin=${4:-$proxy_bin}
+    "$bin" --config "$conf" --check >/dev/null || die "invalid config $conf"
+    RUST_LOG=warn start "$name" "$bin" --config "$conf" --upgrade-sock "$work/$name-upgrade.sock"
     ADMIN=$admin
     REPLY=$listen
 }
@@ -305,10 +315,7 @@ seq_route="  - name: seq
         capacity: 100
         refill: \"1/h\"
         key: \"query:k\""
-start_proxy proxy-redis "redis:
-  url: \"redis://127.0.0.1:$REDIS_PORT/0\"
-  timeout_ms: 25
-on_redis_error: open" "  - name: free
+redis_routes="  - name: free
     match: { path_prefix: /free/ }
     upstream: \"$UPSTREAM\"
 $seq_route
@@ -323,7 +330,20 @@ $seq_route
   - name: keyed
     upstream: \"$UPSTREAM\"
 $keyed_limit"
+start_proxy proxy-redis "redis:
+  url: \"redis://127.0.0.1:$REDIS_PORT/0\"
+  timeout_ms: 25
+on_redis_error: open" "$redis_routes"
 PROXY=$REPLY PROXY_ADMIN=$ADMIN
+if [[ -n ${BASELINE:-} ]]; then
+    # Its own key prefix: the two proxies' buckets stay apart on the shared Redis.
+    start_proxy proxy-baseline "redis:
+  url: \"redis://127.0.0.1:$REDIS_PORT/0\"
+  timeout_ms: 25
+  key_prefix: base
+on_redis_error: open" "$redis_routes" "$work/ratelimit-proxy-baseline"
+    PROXY_BASE=$REPLY
+fi
 start_proxy proxy-memory "" "$seq_route
   - name: keyed
     upstream: \"$UPSTREAM\"
@@ -360,6 +380,13 @@ contenders=(
     "proxy, Redis paused|http://$PROXY_PAUSED/|$MANY_KEYS|0|proxy-paused"
     "proxy, memory|http://$PROXY_MEM/|$MANY_KEYS|0|proxy-memory"
 )
+if [[ -n ${BASELINE:-} ]]; then
+    contenders+=(
+        "baseline: proxy, no limits|http://$PROXY_BASE/free/|$MANY_KEYS|0|proxy-baseline"
+        "baseline: proxy, Redis|http://$PROXY_BASE/|$MANY_KEYS|1|proxy-baseline"
+        "baseline: proxy, Redis, hot key|http://$PROXY_BASE/hot/|$HOT_KEYS|1|proxy-baseline"
+    )
+fi
 
 if [[ -n ${ONLY:-} ]]; then
     chosen=()
