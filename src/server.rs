@@ -186,6 +186,10 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
     }
     let conf = ServerConf {
         threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        // A runtime per thread: a request's tasks, and the Redis connection it made on its
+        // thread (`limiter::redis::standalone`), stay on that thread, so a decision's round trip
+        // wakes no other thread.
+        work_stealing: false,
         // Pingora stops accepting at SIGTERM, lets in-flight requests run for the grace period,
         // then gives its runtimes a last second to wind down.
         grace_period_seconds: Some(config.shutdown_grace.as_secs()),

@@ -1,8 +1,8 @@
 //! Buckets in Redis: one EVALSHA of `lua/token_bucket.lua` per decision, on a standalone server,
 //! a Redis Cluster, or the primary a set of sentinels names.
 //!
-//! One multiplexed connection carries every concurrent decision (redis-rs pipelines them on one
-//! socket), so there is no pool to size. It is created on first use, inside the runtime that serves
+//! A multiplexed connection carries every concurrent decision (redis-rs pipelines them on one
+//! socket; a standalone server gets one per worker thread), so there is no pool to size. It is created on first use, inside the runtime that serves
 //! requests: a handle made before Pingora starts its runtimes would be bound to a dead one. Every
 //! call runs under one deadline, reconnects included, because the clients themselves would wait
 //! for Redis far longer; and a circuit breaker stops calling a Redis that is known to be down.

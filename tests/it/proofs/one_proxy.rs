@@ -170,10 +170,11 @@ fn every_decision_counted_once(backend: Backend, sent: usize, concurrent: usize)
             .lines()
             .filter(|l| l.contains(" cmd=evalsha "))
             .collect();
-        assert_eq!(
-            deciding.len(),
-            1,
-            "one connection carries every decision: {clients}"
+        // One multiplexed connection per worker thread of the proxy, however many requests.
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        assert!(
+            (1..=threads).contains(&deciding.len()),
+            "a connection per proxy thread ({threads}) carries every decision: {clients}"
         );
     }
 }
