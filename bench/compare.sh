@@ -36,6 +36,7 @@
 # Contenders (all behind one upstream, an nginx answering `return 200` with one worker):
 #   upstream            wrk straight at the upstream: the ceiling
 #   nginx proxy_pass    nginx (as many workers as CPUs, like the proxy's threads), upstream keepalive
+#   bare Pingora        examples/bare_pingora.rs: Pingora forwarding and nothing else, same profile
 #   nginx limit_req     the same plus limit_req keyed by X-Api-Key, a rate never reached
 #   nginx limit_req hot the same, one hot key at 100 r/s: nearly every request rejected (429)
 #   nginx+Lua EVALSHA   access_by_lua: EVALSHA of lua/token_bucket.lua per request, pooled
@@ -136,9 +137,10 @@ start() {
 
 # --- build -------------------------------------------------------------------------------------
 
-build_rev compare --bin ratelimit-proxy
+build_rev compare --bin ratelimit-proxy --example bare_pingora
 # A private copy: another build in the same target dir may replace the binary mid-run.
 cp "$build_dir/release/ratelimit-proxy" "$work/ratelimit-proxy"
+cp "$build_dir/release/examples/bare_pingora" "$work/bare_pingora"
 proxy_bin=$work/ratelimit-proxy
 if [[ -n ${BASELINE:-} ]]; then
     rev_measured=$measured
@@ -356,6 +358,9 @@ on_redis_error: open" "  - name: keyed
     upstream: \"$UPSTREAM\"
 $keyed_limit"
 PROXY_PAUSED=$REPLY PAUSED_ADMIN=$ADMIN
+# Pingora and nothing else (examples/bare_pingora.rs): the floor the proxy's forwarding stands on.
+free_port; BARE=127.0.0.1:$REPLY
+start bare-pingora "$work/bare_pingora" "$BARE" "$UPSTREAM"
 
 # The processes whose CPU a contender's row reports.
 pids_of() { # pids_of NAME: the nginx's master and workers, or the proxy
@@ -374,6 +379,7 @@ contenders=(
     "nginx+Lua EVALSHA|http://$NGINX/lua/|$MANY_KEYS|1|contender"
     "nginx+Lua EVALSHA, hot key|http://$NGINX/luahot/|$HOT_KEYS|1|contender"
     "nginx+Lua EVALSHA, Redis paused|http://$NGINX/luapaused/|$MANY_KEYS|0|contender"
+    "bare Pingora|http://$BARE/|$MANY_KEYS|0|bare-pingora"
     "proxy, no limits|http://$PROXY/free/|$MANY_KEYS|0|proxy-redis"
     "proxy, Redis|http://$PROXY/|$MANY_KEYS|1|proxy-redis"
     "proxy, Redis, hot key|http://$PROXY/hot/|$HOT_KEYS|1|proxy-redis"
@@ -464,7 +470,8 @@ awk_median='
 PACED_C=${PACED_C:-64}
 paced_contenders=()
 for c in "${contenders[@]}"; do
-    case ${c%%|*} in "nginx proxy_pass" | "nginx+Lua EVALSHA" | "proxy, no limits" | "proxy, Redis") paced_contenders+=("$c") ;; esac
+    case ${c%%|*} in "nginx proxy_pass" | "nginx+Lua EVALSHA" | "proxy, no limits" | "proxy, Redis" | \
+        "baseline: proxy, no limits" | "baseline: proxy, Redis") paced_contenders+=("$c") ;; esac
 done
 peak=$(awk -F'\t' -v c="$PACED_C" '$1 == c && $2 == "proxy, Redis" { print $3 }' "$results" | sort -n |
     awk '{ v[NR] = $1 } END { if (NR) print int((NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)) }')
@@ -624,6 +631,8 @@ targets=$(awk -F'\t' -v added_p50="$(added 3 3)" -v added_p99="$(added 5 3)" -v 
     END {
         redis = median(rps["proxy, Redis"]); lua = median(rps["nginx+Lua EVALSHA"]); pass = median(rps["nginx proxy_pass"])
         hot = median(rps["proxy, Redis, hot key"]); lr = median(rps["nginx limit_req, hot key"])
+        bare = median(rps["bare Pingora"]); free = median(rps["proxy, no limits"])
+        if (bare && free) printf "| no limits vs bare Pingora | ≥ 0.97× | %.2f× | %s |\n", free / bare, verdict(free / bare >= 0.97)
         if (redis && lua) printf "| allowed path vs nginx+Lua EVALSHA | ≥ 1.5× | %.2f× | %s |\n", redis / lua, verdict(redis / lua >= 1.5)
         if (redis && pass) printf "| allowed path vs nginx proxy_pass | ≥ 0.75× | %.2f× | %s |\n", redis / pass, verdict(redis / pass >= 0.75)
         if (added_p50 != "") printf "| check added at half of peak, p50 | ≤ 100 µs | %d µs | %s |\n", added_p50, verdict(added_p50 <= 100)
