@@ -6,7 +6,7 @@ use crate::limiter::LimiterError;
 use async_trait::async_trait;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{IntoConnectionInfo, RedisError, ScriptInvocation};
+use redis::{Cmd, IntoConnectionInfo, RedisError, Value};
 use std::time::Duration;
 use tokio::sync::OnceCell;
 
@@ -58,13 +58,12 @@ impl Cluster {
 
 #[async_trait]
 impl Topology for Cluster {
-    async fn invoke(&self, script: &ScriptInvocation<'_>) -> Result<Vec<i64>, RedisError> {
-        script.invoke_async(&mut self.connection().await?).await
+    async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+        cmd.query_async(&mut self.connection().await?).await
     }
 
-    async fn ping(&self) -> Result<(), RedisError> {
-        redis::cmd("PING")
-            .query_async(&mut self.connection().await?)
-            .await
+    /// Keys of many slots: a call carries one request's buckets (one hash tag) only.
+    fn one_server(&self) -> bool {
+        false
     }
 }

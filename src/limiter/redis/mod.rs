@@ -1,16 +1,19 @@
-//! Buckets in Redis: one EVALSHA of `lua/token_bucket.lua` per decision, on a standalone server,
-//! a Redis Cluster, or the primary a set of sentinels names.
+//! Buckets in Redis: `lua/token_bucket.lua` by EVALSHA, on a standalone server, a Redis Cluster,
+//! or the primary a set of sentinels names.
 //!
-//! A multiplexed connection carries every concurrent decision (redis-rs pipelines them on one
-//! socket; a standalone server gets one per worker thread), so there is no pool to size. It is created on first use, inside the runtime that serves
-//! requests: a handle made before Pingora starts its runtimes would be bound to a dead one. Every
-//! call runs under one deadline, reconnects included, because the clients themselves would wait
-//! for Redis far longer; and a circuit breaker stops calling a Redis that is known to be down.
+//! Decisions that arrive while a call is in flight go together in the next one (`batch`); on a
+//! Cluster, where keys live on many nodes, each decision is its own call. A multiplexed connection
+//! carries every call (a standalone server gets one per worker thread), so there is no pool to
+//! size. It is created on first use, inside the runtime that serves requests: a handle made before
+//! Pingora starts its runtimes would be bound to a dead one. Every decision runs under one
+//! deadline, queueing and reconnects included, because the clients themselves would wait for Redis
+//! far longer; and a circuit breaker stops calling a Redis that is known to be down.
 //!
 //! Each deployment shape is a `Topology` in a file of its own (`standalone`, `cluster`,
 //! `sentinel`): how it connects and how it recovers after an error. What is common (the script,
 //! the deadline, the breaker, the reply) is here.
 
+mod batch;
 mod cluster;
 mod sentinel;
 mod standalone;
@@ -26,8 +29,10 @@ use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::throttle::Throttle;
 use async_trait::async_trait;
+use batch::Batches;
 use redis::aio::ConnectionManagerConfig;
-use redis::{RedisError, Script, ScriptInvocation, TlsCertificates};
+use redis::{Cmd, RedisError, Script, TlsCertificates, Value};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The script, compiled into the binary so it always matches the code that parses its reply.
@@ -38,10 +43,14 @@ pub const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua")
 /// keeps the script, the deadline, the breaker and the reply the same for all.
 #[async_trait]
 pub trait Topology: Send + Sync + 'static {
-    /// Runs the script once, retrying where this topology knows a retry can succeed.
-    async fn invoke(&self, script: &ScriptInvocation<'_>) -> Result<Vec<i64>, RedisError>;
+    /// Sends one command, retrying where this topology knows a retry can succeed.
+    async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError>;
 
-    async fn ping(&self) -> Result<(), RedisError>;
+    /// Whether every key is on one server, so that one call may carry the buckets of many
+    /// requests.
+    fn one_server(&self) -> bool {
+        true
+    }
 }
 
 /// A configuration the client library refuses (a bad URL, say): found at start.
@@ -109,12 +118,62 @@ fn tcp_settings() -> redis::io::tcp::TcpSettings {
     redis::io::tcp::TcpSettings::default().set_nodelay(true)
 }
 
-pub struct RedisLimiter {
+/// What calls the script: the topology, the script, the clock, the budget.
+pub struct Caller {
     topology: Box<dyn Topology>,
     script: Script,
     timeout: Duration,
     /// `None`: the script reads Redis `TIME`.
     clock: Option<Box<dyn Clock>>,
+}
+
+impl Caller {
+    /// The EVALSHA of these requests' decisions (the argument layout is the script's header).
+    fn command(&self, jobs: &[batch::Job]) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        let keys: usize = jobs.iter().map(|j| j.keys.len()).sum();
+        cmd.arg(self.script.get_hash()).arg(keys);
+        for j in jobs {
+            for k in &j.keys {
+                cmd.arg(k.as_str());
+            }
+        }
+        match &self.clock {
+            Some(clock) => cmd.arg(clock.now_us()),
+            None => cmd.arg(""),
+        };
+        for j in jobs {
+            cmd.arg(j.params.len());
+            for p in &j.params {
+                cmd.arg(p.capacity).arg(p.scale).arg(p.num).arg(p.cost);
+            }
+        }
+        cmd
+    }
+
+    /// One call of the script for `jobs`, loading it first where the server does not know it
+    /// (a restart, a failover, `SCRIPT FLUSH`). The flat reply, unchecked.
+    async fn call(&self, jobs: &[batch::Job]) -> Result<Vec<i64>, LimiterError> {
+        let cmd = self.command(jobs);
+        let reply = match self.topology.query(&cmd).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                let mut load = redis::cmd("SCRIPT");
+                load.arg("LOAD").arg(TOKEN_BUCKET_LUA);
+                self.topology.query(&load).await.map_err(classify)?;
+                self.topology.query(&cmd).await
+            }
+            other => other,
+        }
+        .map_err(classify)?;
+        redis::from_redis_value(reply).map_err(|e| LimiterError::Script(e.to_string()))
+    }
+}
+
+pub struct RedisLimiter {
+    caller: Arc<Caller>,
+    /// `None` on a Cluster: each decision is its own call.
+    batches: Option<Batches>,
+    timeout: Duration,
     metrics: Metrics,
     breaker: Breaker,
     /// Poisoned keys: a warning per key per minute.
@@ -145,11 +204,17 @@ impl RedisLimiter {
     /// Decisions on `topology`. Connects nothing yet: connections are made on first use, inside
     /// the runtime that serves requests.
     pub fn new(topology: Box<dyn Topology>, options: RedisOptions) -> RedisLimiter {
-        RedisLimiter {
+        let batched = topology.one_server();
+        let caller = Arc::new(Caller {
             topology,
             script: Script::new(TOKEN_BUCKET_LUA),
             timeout: options.timeout,
             clock: options.clock,
+        });
+        RedisLimiter {
+            batches: batched.then(|| Batches::new(caller.clone())),
+            caller,
+            timeout: options.timeout,
             metrics: options.metrics,
             breaker: Breaker::default(),
             bad_keys: Throttle::new(Duration::from_secs(60)),
@@ -157,33 +222,12 @@ impl RedisLimiter {
         }
     }
 
-    fn invocation(&self, buckets: &[Bucket<'_>]) -> ScriptInvocation<'_> {
-        let mut invocation = self.script.prepare_invoke();
-        for b in buckets {
-            invocation.key(b.key);
-        }
-        match &self.clock {
-            Some(clock) => invocation.arg(clock.now_us()),
-            None => invocation.arg(""),
-        };
-        for b in buckets {
-            let p = b.params;
-            invocation
-                .arg(p.capacity)
-                .arg(p.scale)
-                .arg(p.num)
-                .arg(p.cost);
-        }
-        invocation
-    }
-
     async fn eval(&self, buckets: &[Bucket<'_>]) -> Result<Decision, LimiterError> {
-        let reply = self
-            .topology
-            .invoke(&self.invocation(buckets))
-            .await
-            .map_err(classify)?;
-        let (decision, bad) = parse_reply(&reply, buckets)?;
+        let answer = match &self.batches {
+            Some(batches) => batches.decide(buckets).await?,
+            None => batch::alone(&self.caller, buckets).await?,
+        };
+        let (decision, bad) = parse_reply(answer.reply(), buckets)?;
         for i in bad {
             self.bad_state(buckets[i].key);
         }
@@ -254,8 +298,9 @@ impl Limiter for RedisLimiter {
     }
 
     async fn ping(&self) -> Result<(), LimiterError> {
-        match tokio::time::timeout(self.timeout, self.topology.ping()).await {
-            Ok(answer) => answer.map_err(classify),
+        let ping = redis::cmd("PING");
+        match tokio::time::timeout(self.timeout, self.caller.topology.query(&ping)).await {
+            Ok(answer) => answer.map(drop).map_err(classify),
             Err(_) => Err(LimiterError::Timeout(self.timeout)),
         }
     }

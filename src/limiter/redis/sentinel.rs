@@ -8,7 +8,7 @@ use arc_swap::ArcSwapOption;
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{IntoConnectionInfo, RedisError, ScriptInvocation, TlsMode};
+use redis::{Cmd, IntoConnectionInfo, RedisError, TlsMode, Value};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
@@ -92,22 +92,16 @@ fn moved_primary(e: &RedisError) -> bool {
 
 #[async_trait]
 impl Topology for Sentinel {
-    async fn invoke(&self, script: &ScriptInvocation<'_>) -> Result<Vec<i64>, RedisError> {
+    async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
         let primary = self.primary().await?;
-        match script.invoke_async(&mut (*primary).clone()).await {
+        match cmd.query_async(&mut (*primary).clone()).await {
             // Failed over: the old primary is gone or now a read-only replica.
             Err(e) if moved_primary(&e) => {
                 self.forget(&primary);
                 let mut conn = (*self.primary().await?).clone();
-                script.invoke_async(&mut conn).await
+                cmd.query_async(&mut conn).await
             }
             other => other,
         }
-    }
-
-    async fn ping(&self) -> Result<(), RedisError> {
-        redis::cmd("PING")
-            .query_async(&mut (*self.primary().await?).clone())
-            .await
     }
 }

@@ -10,7 +10,7 @@ use super::{manager_config, Security, Topology};
 use crate::limiter::LimiterError;
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
-use redis::{IntoConnectionInfo, RedisError, ScriptInvocation};
+use redis::{Cmd, IntoConnectionInfo, RedisError, Value};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,21 +60,15 @@ impl Standalone {
 
 #[async_trait]
 impl Topology for Standalone {
-    async fn invoke(&self, script: &ScriptInvocation<'_>) -> Result<Vec<i64>, RedisError> {
+    async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
         let mut conn = self.connection()?;
-        match script.invoke_async(&mut conn).await {
+        match cmd.query_async(&mut conn).await {
             // The manager replaces a dropped connection on this error; the retry waits for the
             // new one (Redis restarted) instead of failing a request that can succeed.
             Err(e) if e.is_unrecoverable_error() || e.is_connection_dropped() => {
-                script.invoke_async(&mut conn).await
+                cmd.query_async(&mut conn).await
             }
             other => other,
         }
-    }
-
-    async fn ping(&self) -> Result<(), RedisError> {
-        redis::cmd("PING")
-            .query_async(&mut self.connection()?)
-            .await
     }
 }

@@ -33,6 +33,7 @@ impl Script {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&self.sha).arg(keys.len()).arg(keys);
         cmd.arg(now.map_or(String::new(), |n| n.to_string()));
+        cmd.arg(limits.len());
         for p in limits {
             cmd.arg(p.capacity).arg(p.scale).arg(p.num).arg(p.cost);
         }

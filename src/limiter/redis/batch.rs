@@ -1,0 +1,170 @@
+//! Decisions that arrive while this thread's previous call is in flight go to Redis together, as
+//! one call of the script that decides them one after the other.
+//!
+//! Redis spends most of a decision on the call around it (reading and parsing the command,
+//! setting up the script, writing the reply, the syscalls), and so does the proxy (encoding,
+//! the client library's bookkeeping, the wake-ups). A batch pays for that once. Nothing waits to
+//! fill a batch: a decision on an idle thread goes out at once, alone; under load, the batch is
+//! whatever queued up during one round trip, so it grows with the load and no further.
+//!
+//! Each worker thread has its own queue and its own driver task, so a decision never leaves the
+//! thread that asked (see `standalone` for the connection per thread). A request whose own
+//! deadline passed while it queued is dropped from its batch: it takes no tokens.
+
+use super::Caller;
+use crate::limiter::{Bucket, BucketParams, LimiterError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
+use tokio::sync::{mpsc, oneshot};
+
+/// At most this many requests per call: the script runs alone on the Redis server, so one call
+/// must stay short (a few hundred microseconds) even when every request has several limits.
+pub const MAX_BATCH: usize = 64;
+
+/// One request's buckets, waiting for its batch.
+pub struct Job {
+    pub keys: Vec<String>,
+    pub params: Vec<BucketParams>,
+    answer: oneshot::Sender<Result<Answer, LimiterError>>,
+}
+
+impl Job {
+    fn new(buckets: &[Bucket<'_>], answer: oneshot::Sender<Result<Answer, LimiterError>>) -> Job {
+        Job {
+            keys: buckets.iter().map(|b| b.key.to_owned()).collect(),
+            params: buckets.iter().map(|b| b.params).collect(),
+            answer,
+        }
+    }
+
+    /// The script's reply for this request: `allowed`, then three integers per limit.
+    fn reply_len(&self) -> usize {
+        1 + 3 * self.params.len()
+    }
+}
+
+/// A request's part of its batch's reply.
+pub struct Answer {
+    reply: Arc<[i64]>,
+    at: usize,
+    len: usize,
+}
+
+impl Answer {
+    pub fn reply(&self) -> &[i64] {
+        &self.reply[self.at..self.at + self.len]
+    }
+}
+
+/// The per-thread queues of one limiter. Dropping it ends its drivers (their queues close).
+pub struct Batches {
+    caller: Arc<Caller>,
+    queues: Mutex<HashMap<ThreadId, mpsc::UnboundedSender<Job>>>,
+}
+
+impl Batches {
+    pub fn new(caller: Arc<Caller>) -> Batches {
+        Batches {
+            caller,
+            queues: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Decides `buckets` in this thread's next batch.
+    pub async fn decide(&self, buckets: &[Bucket<'_>]) -> Result<Answer, LimiterError> {
+        let (answer, answered) = oneshot::channel();
+        let mut job = Job::new(buckets, answer);
+        // A driver ends when its runtime does (a test's runtime, say): the first send after that
+        // fails and this thread gets a new one.
+        for _ in 0..2 {
+            match self.queue(false).send(job) {
+                Ok(()) => break,
+                Err(mpsc::error::SendError(back)) => {
+                    job = back;
+                    self.queue(true);
+                }
+            }
+        }
+        answered
+            .await
+            .map_err(|_| LimiterError::Other("the batch was dropped unanswered".into()))?
+    }
+
+    /// This thread's queue, with a driver spawned on this thread's runtime when it has none (or
+    /// `fresh`: its driver is gone).
+    fn queue(&self, fresh: bool) -> mpsc::UnboundedSender<Job> {
+        let thread = std::thread::current().id();
+        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        if !fresh {
+            if let Some(q) = queues.get(&thread) {
+                return q.clone();
+            }
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(drive(self.caller.clone(), rx));
+        queues.insert(thread, tx.clone());
+        tx
+    }
+}
+
+/// Sends what has queued as one call, waits for its reply, answers each request; again.
+async fn drive(caller: Arc<Caller>, mut queue: mpsc::UnboundedReceiver<Job>) {
+    let mut jobs: Vec<Job> = Vec::with_capacity(MAX_BATCH);
+    while queue.recv_many(&mut jobs, MAX_BATCH).await > 0 {
+        // Their callers gave up (deadline passed): they take nothing.
+        jobs.retain(|j| !j.answer.is_closed());
+        if jobs.is_empty() {
+            continue;
+        }
+        let expected: usize = jobs.iter().map(Job::reply_len).sum();
+        let result = match tokio::time::timeout(caller.timeout, caller.call(&jobs)).await {
+            Err(_) => Err(LimiterError::Timeout(caller.timeout)),
+            Ok(Ok(reply)) if reply.len() != expected => Err(LimiterError::Script(format!(
+                "a reply of {} integers for a batch that needs {expected}",
+                reply.len()
+            ))),
+            Ok(other) => other,
+        };
+        match result {
+            Ok(reply) => {
+                let reply: Arc<[i64]> = reply.into();
+                let mut at = 0;
+                for job in jobs.drain(..) {
+                    let len = job.reply_len();
+                    let _ = job.answer.send(Ok(Answer {
+                        reply: reply.clone(),
+                        at,
+                        len,
+                    }));
+                    at += len;
+                }
+            }
+            Err(e) => {
+                for job in jobs.drain(..) {
+                    let _ = job.answer.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// A request decided alone, on the task that asks (Cluster: keys of many slots cannot share a
+/// call). Same reply shape as a batch of one.
+pub async fn alone(caller: &Caller, buckets: &[Bucket<'_>]) -> Result<Answer, LimiterError> {
+    let (answer, _) = oneshot::channel();
+    let job = Job::new(buckets, answer);
+    let reply = caller.call(std::slice::from_ref(&job)).await?;
+    let len = job.reply_len();
+    if reply.len() != len {
+        return Err(LimiterError::Script(format!(
+            "a reply of {} integers for a request that needs {len}",
+            reply.len()
+        )));
+    }
+    Ok(Answer {
+        reply: reply.into(),
+        at: 0,
+        len,
+    })
+}
