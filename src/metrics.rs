@@ -84,6 +84,7 @@ words! {
 pub struct Metrics {
     decisions: IntCounterVec,
     redis_duration: Histogram,
+    redis_batch: Histogram,
     redis_errors: IntCounterVec,
     reloads: IntCounterVec,
     last_reload_success: IntGauge,
@@ -146,6 +147,13 @@ impl Metrics {
                 "Round-trip time of one rate-limit decision in Redis",
             )
             .buckets(exponential_buckets(0.0001, 2.0, 15)?),
+        )?;
+        let redis_batch = Histogram::with_opts(
+            HistogramOpts::new(
+                "ratelimit_redis_batch_size",
+                "Requests decided by one call of the script: those that queued during a round trip",
+            )
+            .buckets(exponential_buckets(1.0, 2.0, 7)?),
         )?;
         let redis_errors = IntCounterVec::new(
             Opts::new(
@@ -234,6 +242,7 @@ impl Metrics {
         }
         registry.register(Box::new(decisions.clone()))?;
         registry.register(Box::new(redis_duration.clone()))?;
+        registry.register(Box::new(redis_batch.clone()))?;
         registry.register(Box::new(redis_errors.clone()))?;
         registry.register(Box::new(reloads.clone()))?;
         registry.register(Box::new(last_reload_success.clone()))?;
@@ -248,6 +257,7 @@ impl Metrics {
         Ok(Metrics {
             decisions,
             redis_duration,
+            redis_batch,
             redis_errors,
             reloads,
             last_reload_success,
@@ -297,6 +307,10 @@ impl Metrics {
 
     pub fn redis_latency(&self, took: Duration) {
         self.redis_duration.observe(took.as_secs_f64());
+    }
+
+    pub fn redis_batch(&self, requests: usize) {
+        self.redis_batch.observe(requests as f64);
     }
 
     pub fn redis_error(&self, kind: ErrorKind) {

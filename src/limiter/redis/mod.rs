@@ -125,6 +125,7 @@ pub struct Caller {
     timeout: Duration,
     /// `None`: the script reads Redis `TIME`.
     clock: Option<Box<dyn Clock>>,
+    metrics: Metrics,
 }
 
 impl Caller {
@@ -154,6 +155,7 @@ impl Caller {
     /// One call of the script for `jobs`, loading it first where the server does not know it
     /// (a restart, a failover, `SCRIPT FLUSH`). The flat reply, unchecked.
     async fn call(&self, jobs: &[batch::Job]) -> Result<Vec<i64>, LimiterError> {
+        self.metrics.redis_batch(jobs.len());
         let cmd = self.command(jobs);
         let reply = match self.topology.query(&cmd).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
@@ -210,6 +212,7 @@ impl RedisLimiter {
             script: Script::new(TOKEN_BUCKET_LUA),
             timeout: options.timeout,
             clock: options.clock,
+            metrics: options.metrics.clone(),
         });
         RedisLimiter {
             batches: batched.then(|| Batches::new(caller.clone())),

@@ -12,7 +12,7 @@
 //! proofs::differential`).
 
 use super::{check, SetClock};
-use crate::support::lua::{decision, Script, T0};
+use crate::support::lua::{decision, Request, Script, T0};
 use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::TestCaseError;
@@ -329,6 +329,87 @@ fn the_script_and_the_in_memory_store_decide_alike_on_random_histories() {
 fn the_script_and_the_in_memory_store_decide_alike_on_long_random_histories() {
     let s = Script::load();
     check(file!(), 4_000, history(1..=200), |h| replay(&s, &h));
+}
+
+/// How a step reaches Redis in `replay_batched`.
+#[derive(Debug, Clone, Copy)]
+enum Call {
+    /// In the same call as the step before (the same proxy, the same instant): its own time
+    /// step and skew are ignored.
+    Joins,
+    /// First of a new call.
+    Starts,
+    /// Alone, from a proxy of the previous version (`PREVIOUS_LUA`), sharing the Redis.
+    Previous,
+}
+
+fn calls(n: usize) -> impl Strategy<Value = Vec<Call>> {
+    let call = prop_oneof![
+        4 => Just(Call::Joins),
+        2 => Just(Call::Starts),
+        1 => Just(Call::Previous),
+    ];
+    prop::collection::vec(call, n)
+}
+
+/// Replays `h` in batches, as proxies send it: runs of steps are decided by one call each, in
+/// order, at the instant of the run's first step; now and then a step goes alone through the
+/// previous version's script, as during a rolling upgrade. Every request's decision must be the
+/// one the in-memory store gives deciding the same requests one by one at the same instants: a
+/// batch decides as its requests would alone, and the two versions read each other's buckets.
+fn replay_batched(s: &Script, h: &History, how: &[Call]) -> Result<(), TestCaseError> {
+    let mut conn = s.redis.connection().unwrap();
+    let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
+    let clock = Arc::new(SetClock::new(T0));
+    let memory = MemoryLimiter::new(clock.clone(), 1_000_000);
+    let first = h.limits[0][0].params();
+    let request = |step: &Step| -> Request<'static> {
+        h.picks(step, true)
+            .into_iter()
+            .map(|(k, spec)| (KEYS[k], spec.params()))
+            .unzip()
+    };
+    let mut base = T0;
+    let mut i = 0;
+    while i < h.steps.len() {
+        let head = &h.steps[i];
+        base += head.advance_us(&first);
+        let now = base.saturating_add_signed(head.skew_us);
+        let start = i;
+        i += 1;
+        let lua = if matches!(how[start], Call::Previous) {
+            let (keys, params) = request(head);
+            vec![s.previous(&keys, now, &params)]
+        } else {
+            while i < h.steps.len() && matches!(how[i], Call::Joins) {
+                i += 1;
+            }
+            let batch: Vec<Request<'_>> = h.steps[start..i].iter().map(request).collect();
+            s.batch(&batch, now)
+        };
+        for (j, (step, lua)) in h.steps[start..i].iter().zip(&lua).enumerate() {
+            let (keys, params) = request(step);
+            let in_memory = decide_in_memory(&memory, &clock, now, &keys, &params);
+            prop_assert_eq!(
+                lua,
+                &in_memory,
+                "step {} ({:?}, request {} of its call) at T0{:+} µs: {:?}",
+                start + j,
+                how[start],
+                j,
+                now as i128 - T0 as i128,
+                keys
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn batched_calls_and_the_previous_script_decide_as_the_in_memory_store_one_by_one() {
+    let s = Script::load();
+    let cases = (history(1..=40), calls(40));
+    check(file!(), 128, cases, |(h, how)| replay_batched(&s, &h, &how));
 }
 
 /// The response headers a route with these limits (named after their keys) gives for `d`.

@@ -10,16 +10,75 @@ use redis::Value;
 /// An instant in 2027, in µs: far from 0 and from 2^53 µs (year 2255), as real clocks are.
 pub const T0: u64 = 1_800_000_000_000_000;
 
+/// The script as commit f41d9d0 shipped it, the last that called it one request at a time (no
+/// limit count per request). Same stored state: a fleet being upgraded runs both on one Redis.
+pub const PREVIOUS_LUA: &str = include_str!("../../fixtures/lua/token_bucket_f41d9d0.lua");
+
 pub struct Script {
     pub redis: RedisServer,
     pub sha: String,
+    /// `PREVIOUS_LUA`, loaded beside it.
+    pub previous_sha: String,
 }
+
+/// One request of a batch: its buckets and their limits.
+pub type Request<'a> = (Vec<&'a str>, Vec<BucketParams>);
 
 impl Script {
     pub fn load() -> Script {
         let redis = RedisServer::start();
         let sha: String = redis.cmd(&["SCRIPT", "LOAD", TOKEN_BUCKET_LUA]);
-        Script { redis, sha }
+        let previous_sha: String = redis.cmd(&["SCRIPT", "LOAD", PREVIOUS_LUA]);
+        Script {
+            redis,
+            sha,
+            previous_sha,
+        }
+    }
+
+    /// One call deciding `requests` in order at `now`, as a proxy sends the decisions that queued
+    /// during a round trip: each one's decision.
+    pub fn batch(&self, requests: &[Request<'_>], now: u64) -> Vec<Decision> {
+        let mut cmd = redis::cmd("EVALSHA");
+        let keys: Vec<&str> = requests
+            .iter()
+            .flat_map(|(k, _)| k.iter().copied())
+            .collect();
+        cmd.arg(&self.sha).arg(keys.len()).arg(&keys).arg(now);
+        for (_, limits) in requests {
+            cmd.arg(limits.len());
+            for p in limits {
+                cmd.arg(p.capacity).arg(p.scale).arg(p.num).arg(p.cost);
+            }
+        }
+        let mut c = self.redis.connection().unwrap();
+        let reply: Vec<Value> = cmd.query(&mut c).expect("EVALSHA of a batch");
+        let mut at = 0;
+        let decisions = requests
+            .iter()
+            .map(|(_, limits)| {
+                let len = 1 + 3 * limits.len();
+                let part = Value::Array(reply[at..at + len].to_vec());
+                at += len;
+                decision(&part, limits)
+            })
+            .collect();
+        assert_eq!(at, reply.len(), "a reply of exactly the batch's length");
+        decisions
+    }
+
+    /// One decision by the previous version's script (`PREVIOUS_LUA`).
+    pub fn previous(&self, keys: &[&str], now: u64, limits: &[BucketParams]) -> Decision {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.previous_sha)
+            .arg(keys.len())
+            .arg(keys)
+            .arg(now);
+        for p in limits {
+            cmd.arg(p.capacity).arg(p.scale).arg(p.num).arg(p.cost);
+        }
+        let mut c = self.redis.connection().unwrap();
+        decision(&cmd.query(&mut c).expect("EVALSHA"), limits)
     }
 
     /// The EVALSHA of one decision, for callers that pipeline it or wrap it in MULTI.
