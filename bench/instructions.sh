@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/instructions.sh: user-space instructions the proxy spends per request (callgrind), for a
-# route without limits, a route decided in Redis, and a hot key answered from the deny cache.
+# route without limits, a route decided in Redis, and a hot key answered from the deny cache; and,
+# for the floor under "none", a bare Pingora proxy (examples/bare_pingora.rs) forwarding the same way.
 #
 # Instruction counts do not depend on what else the machine is doing, so two commits can be
 # compared on a shared, noisy box where throughput cannot (see bench/compare.sh for throughput).
@@ -35,7 +36,14 @@ for tool in valgrind callgrind_control redis-server python3; do
     command -v "$tool" >/dev/null || die "$tool is missing (apt-get install valgrind redis-server python3)"
 done
 
-build_rev instructions --bin ratelimit-proxy --example demo_upstream
+examples=(--example demo_upstream)
+# Commits before 536922d have no bare Pingora example.
+bare=0
+if [[ $REV == worktree ]] || git cat-file -e "$REV:examples/bare_pingora.rs" 2>/dev/null; then
+    examples+=(--example bare_pingora)
+    bare=1
+fi
+build_rev instructions --bin ratelimit-proxy "${examples[@]}"
 bin=$build_dir/release
 
 free_port; redis_port=$REPLY
@@ -74,7 +82,7 @@ wait_until 300 "the proxy under valgrind" curl -fs "http://127.0.0.1:$admin_port
 
 # N requests to PATH over one keep-alive connection; fails unless every status is STATUS.
 send() {
-    python3 - "$listen_port" "$1" "$2" "$3" <<'PY'
+    python3 - "${port:-$listen_port}" "$1" "$2" "$3" <<'PY'
 import http.client, sys
 port, path, n, status = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 conn = http.client.HTTPConnection("127.0.0.1", port)
@@ -106,3 +114,18 @@ for route in "none 200" "redis 200" "hot 429"; do
     ir=$(total)
     printf '  %-6s %8d\n' "$name" $((ir / N))
 done
+
+if ((bare)); then
+    free_port; port=$REPLY
+    valgrind --tool=callgrind --callgrind-out-file="$out.bare" --dump-instr=no \
+        "$bin/examples/bare_pingora" "127.0.0.1:$port" "127.0.0.1:$upstream_port" 2>"$work/bare.log" &
+    pid=$!
+    pids+=($pid)
+    out=$out.bare
+    wait_until 300 "bare Pingora under valgrind" curl -fs -o /dev/null "http://127.0.0.1:$port/"
+    send /none 200 200
+    callgrind_control -z "$pid" >/dev/null
+    send /none "$N" 200
+    ir=$(total)
+    printf '  %-6s %8d   (bare Pingora: the floor under "none")\n' bare $((ir / N))
+fi
