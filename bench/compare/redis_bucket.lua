@@ -66,7 +66,7 @@ function M.allowed(key, capacity, scale, num, cost, redis_port)
     ngx.log(ngx.ERR, "redis connect: ", err)
     return true
   end
-  local args = { "EVALSHA", sha, 1, key, "", 1, capacity, scale, num, cost }
+  local args = { "EVALSHA", sha, 1, key, "", 1, capacity, scale, num, cost, 1, 1 }
   local reply, redis_err
   ok, err = sock:send(command(args))
   if ok then

@@ -24,7 +24,7 @@ pub use standalone::Standalone;
 
 use super::breaker::{Admission, Breaker, BreakerState, Transition};
 use super::bucket::{report, State};
-use super::{Bucket, Decision, ErrorKind, Limiter, LimiterError};
+use super::{Bucket, BucketParams, Decision, ErrorKind, Limiter, LimiterError};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::throttle::Throttle;
@@ -129,11 +129,24 @@ pub struct Caller {
 }
 
 impl Caller {
-    /// The EVALSHA of these requests' decisions (the argument layout is the script's header).
+    /// The EVALSHA of these requests' decisions (the argument layout is the script's header):
+    /// each distinct limit once, then each request's limit numbers.
     fn command(&self, jobs: &[batch::Job]) -> Cmd {
+        let mut limits: Vec<BucketParams> = Vec::new();
+        let mut index = |p: &BucketParams| match limits.iter().position(|l| l == p) {
+            Some(i) => i + 1,
+            None => {
+                limits.push(*p);
+                limits.len()
+            }
+        };
+        let numbers: Vec<usize> = jobs
+            .iter()
+            .flat_map(|j| &j.params)
+            .map(&mut index)
+            .collect();
         let mut cmd = redis::cmd("EVALSHA");
-        let keys: usize = jobs.iter().map(|j| j.keys.len()).sum();
-        cmd.arg(self.script.get_hash()).arg(keys);
+        cmd.arg(self.script.get_hash()).arg(numbers.len());
         for j in jobs {
             for k in &j.keys {
                 cmd.arg(k.as_str());
@@ -143,10 +156,15 @@ impl Caller {
             Some(clock) => cmd.arg(clock.now_us()),
             None => cmd.arg(""),
         };
+        cmd.arg(limits.len());
+        for p in &limits {
+            cmd.arg(p.capacity).arg(p.scale).arg(p.num).arg(p.cost);
+        }
+        let mut numbers = numbers.into_iter();
         for j in jobs {
             cmd.arg(j.params.len());
-            for p in &j.params {
-                cmd.arg(p.capacity).arg(p.scale).arg(p.num).arg(p.cost);
+            for n in numbers.by_ref().take(j.params.len()) {
+                cmd.arg(n);
             }
         }
         cmd

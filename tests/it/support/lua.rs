@@ -45,11 +45,29 @@ impl Script {
             .flat_map(|(k, _)| k.iter().copied())
             .collect();
         cmd.arg(&self.sha).arg(keys.len()).arg(&keys).arg(now);
-        for (_, limits) in requests {
-            cmd.arg(limits.len());
-            for p in limits {
-                cmd.arg(p.capacity).arg(p.scale).arg(p.num).arg(p.cost);
-            }
+        // The table of distinct limits, then each request's numbers in it.
+        let mut table: Vec<BucketParams> = Vec::new();
+        let numbers: Vec<Vec<usize>> = requests
+            .iter()
+            .map(|(_, limits)| {
+                limits
+                    .iter()
+                    .map(|p| match table.iter().position(|l| l == p) {
+                        Some(i) => i + 1,
+                        None => {
+                            table.push(*p);
+                            table.len()
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        cmd.arg(table.len());
+        for p in &table {
+            cmd.arg(p.capacity).arg(p.scale).arg(p.num).arg(p.cost);
+        }
+        for n in &numbers {
+            cmd.arg(n.len()).arg(n);
         }
         let mut c = self.redis.connection().unwrap();
         let reply: Vec<Value> = cmd.query(&mut c).expect("EVALSHA of a batch");
@@ -92,10 +110,13 @@ impl Script {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&self.sha).arg(keys.len()).arg(keys);
         cmd.arg(now.map_or(String::new(), |n| n.to_string()));
+        // Each limit its own entry in the table of limits, the one request drawing on all of them.
         cmd.arg(limits.len());
         for p in limits {
             cmd.arg(p.capacity).arg(p.scale).arg(p.num).arg(p.cost);
         }
+        cmd.arg(limits.len())
+            .arg((1..=limits.len()).collect::<Vec<_>>());
         cmd
     }
 
