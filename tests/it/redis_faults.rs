@@ -25,6 +25,13 @@ fn setup() -> Setup {
 }
 
 impl Setup {
+    fn redis_ref(&self) -> &RedisServer {
+        match &self.backend {
+            Backend::Redis(r) => r,
+            Backend::Memory => unreachable!("fault tests run on Redis"),
+        }
+    }
+
     fn redis(&mut self) -> &mut RedisServer {
         match &mut self.backend {
             Backend::Redis(r) => r,
@@ -125,6 +132,38 @@ fn redis_paused_times_out_within_the_budget_then_recovers() {
         },
     );
     assert_eq!(r.status, 200);
+}
+
+/// Requests that queue behind a call Redis does not answer keep their own budget: each is answered
+/// `timeout_ms` after it arrived, not after the stuck call's budget plus its own.
+#[test]
+fn requests_queued_behind_a_stuck_call_keep_their_own_budget() {
+    let mut s = setup();
+    assert_eq!(s.proxy.get("/open", &[]).status, 200);
+    s.redis().pause();
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| timed_get(&s, "/open"));
+        // The first decision is on its way once the paused Redis holds it unread.
+        wait_for(
+            "the first call to reach the paused Redis",
+            Duration::from_secs(10),
+            || (s.redis_ref().waiting() > 0).then_some(()),
+        );
+        let queued: Vec<_> = (0..2)
+            .map(|_| scope.spawn(|| timed_get(&s, "/open")))
+            .collect();
+        for h in std::iter::once(first).chain(queued) {
+            let (r, took) = h.join().unwrap();
+            assert_eq!(r.status, 200, "fail-open: {r:?}");
+            // Behind the stuck call and then in a call of their own, they would take about
+            // twice the budget.
+            assert!(
+                took < Duration::from_millis(TIMEOUT_MS + TIMEOUT_MS / 2),
+                "took {took:?} for a budget of {TIMEOUT_MS} ms"
+            );
+        }
+    });
+    s.redis().resume();
 }
 
 #[test]

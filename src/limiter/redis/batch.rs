@@ -8,14 +8,17 @@
 //! whatever queued up during one round trip, so it grows with the load and no further.
 //!
 //! Each worker thread has its own queue and its own driver task, so a decision never leaves the
-//! thread that asked (see `standalone` for the connection per thread). A request whose own
-//! deadline passed while it queued is dropped from its batch: it takes no tokens.
+//! thread that asked (see `standalone` for the connection per thread). Each request keeps its own
+//! deadline without a timer of its own: a call may take until the earliest deadline among its
+//! requests, and a request whose deadline passed while it queued is answered at once and left
+//! out of the next call, so it takes no tokens.
 
 use super::Caller;
 use crate::limiter::{Bucket, BucketParams, LimiterError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
+use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
 /// At most this many requests per call: the script runs alone on the Redis server, so one call
@@ -26,14 +29,21 @@ pub const MAX_BATCH: usize = 64;
 pub struct Job {
     pub keys: Vec<String>,
     pub params: Vec<BucketParams>,
+    /// When the request's budget (`timeout_ms`) runs out.
+    deadline: Instant,
     answer: oneshot::Sender<Result<Answer, LimiterError>>,
 }
 
 impl Job {
-    fn new(buckets: &[Bucket<'_>], answer: oneshot::Sender<Result<Answer, LimiterError>>) -> Job {
+    fn new(
+        buckets: &[Bucket<'_>],
+        deadline: Instant,
+        answer: oneshot::Sender<Result<Answer, LimiterError>>,
+    ) -> Job {
         Job {
             keys: buckets.iter().map(|b| b.key.to_owned()).collect(),
             params: buckets.iter().map(|b| b.params).collect(),
+            deadline,
             answer,
         }
     }
@@ -71,10 +81,14 @@ impl Batches {
         }
     }
 
-    /// Decides `buckets` in this thread's next batch.
-    pub async fn decide(&self, buckets: &[Bucket<'_>]) -> Result<Answer, LimiterError> {
+    /// Decides `buckets` in this thread's next batch, answering by `deadline`.
+    pub async fn decide(
+        &self,
+        buckets: &[Bucket<'_>],
+        deadline: Instant,
+    ) -> Result<Answer, LimiterError> {
         let (answer, answered) = oneshot::channel();
-        let mut job = Job::new(buckets, answer);
+        let mut job = Job::new(buckets, deadline, answer);
         // A driver ends when its runtime does (a test's runtime, say): the first send after that
         // fails and this thread gets a new one.
         for _ in 0..2 {
@@ -112,13 +126,23 @@ impl Batches {
 async fn drive(caller: Arc<Caller>, mut queue: mpsc::UnboundedReceiver<Job>) {
     let mut jobs: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     while queue.recv_many(&mut jobs, MAX_BATCH).await > 0 {
-        // Their callers gave up (deadline passed): they take nothing.
-        jobs.retain(|j| !j.answer.is_closed());
-        if jobs.is_empty() {
+        // Out of time while they queued (or gone): answered now, they take nothing.
+        let now = Instant::now();
+        jobs.retain_mut(|j| {
+            if j.deadline > now {
+                return !j.answer.is_closed();
+            }
+            let (closed, _) = oneshot::channel();
+            let answer = std::mem::replace(&mut j.answer, closed);
+            let _ = answer.send(Err(LimiterError::Timeout(caller.timeout)));
+            false
+        });
+        let Some(deadline) = jobs.iter().map(|j| j.deadline).min() else {
             continue;
-        }
+        };
         let expected: usize = jobs.iter().map(Job::reply_len).sum();
-        let result = match tokio::time::timeout(caller.timeout, caller.call(&jobs)).await {
+        let call = tokio::time::timeout_at(deadline.into(), caller.call(&jobs));
+        let result = match call.await {
             Err(_) => Err(LimiterError::Timeout(caller.timeout)),
             Ok(Ok(reply)) if reply.len() != expected => Err(LimiterError::Script(format!(
                 "a reply of {} integers for a batch that needs {expected}",
@@ -153,7 +177,7 @@ async fn drive(caller: Arc<Caller>, mut queue: mpsc::UnboundedReceiver<Job>) {
 /// call). Same reply shape as a batch of one.
 pub async fn alone(caller: &Caller, buckets: &[Bucket<'_>]) -> Result<Answer, LimiterError> {
     let (answer, _) = oneshot::channel();
-    let job = Job::new(buckets, answer);
+    let job = Job::new(buckets, Instant::now(), answer);
     let reply = caller.call(std::slice::from_ref(&job)).await?;
     let len = job.reply_len();
     if reply.len() != len {

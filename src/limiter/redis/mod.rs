@@ -243,10 +243,21 @@ impl RedisLimiter {
         }
     }
 
+    /// The decision, within the budget: batched calls keep each request's deadline themselves
+    /// (no timer per request); a call of its own runs under a timeout.
     async fn eval(&self, buckets: &[Bucket<'_>]) -> Result<Decision, LimiterError> {
         let answer = match &self.batches {
-            Some(batches) => batches.decide(buckets).await?,
-            None => batch::alone(&self.caller, buckets).await?,
+            Some(batches) => {
+                batches
+                    .decide(buckets, Instant::now() + self.timeout)
+                    .await?
+            }
+            None => match tokio::time::timeout(self.timeout, batch::alone(&self.caller, buckets))
+                .await
+            {
+                Ok(answer) => answer?,
+                Err(_) => return Err(LimiterError::Timeout(self.timeout)),
+            },
         };
         let (decision, bad) = parse_reply(answer.reply(), buckets)?;
         for i in bad {
@@ -288,10 +299,10 @@ impl Limiter for RedisLimiter {
             return Err(LimiterError::Unavailable);
         }
         let started = Instant::now();
-        let result = match tokio::time::timeout(self.timeout, self.eval(buckets)).await {
+        let result = match self.eval(buckets).await {
             // Ours or the client's own (set to the same budget): the budget ran out either way.
-            Err(_) | Ok(Err(LimiterError::Timeout(_))) => Err(LimiterError::Timeout(self.timeout)),
-            Ok(result) => result,
+            Err(LimiterError::Timeout(_)) => Err(LimiterError::Timeout(self.timeout)),
+            result => result,
         };
         match &result {
             Ok(_) => {

@@ -132,6 +132,21 @@ impl RedisServer {
         self.signal("-STOP");
     }
 
+    /// What waits for this server (while paused: calls and connections sent to it), from the
+    /// receive queues of its sockets: bytes on its connections, connections on its listener.
+    pub fn waiting(&self) -> u64 {
+        let pid = self.child.as_ref().expect("redis-server is running").id();
+        let out = Command::new("ss")
+            .args(["-xanpH"])
+            .output()
+            .expect("ss (iproute2)");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains(&format!("pid={pid},")))
+            .filter_map(|l| l.split_whitespace().nth(2)?.parse::<u64>().ok())
+            .sum()
+    }
+
     pub fn resume(&self) {
         self.signal("-CONT");
     }
