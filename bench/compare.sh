@@ -43,7 +43,8 @@
 #                       connections (bench/compare/redis_bucket.lua; Debian has no lua-resty-redis)
 #   nginx+Lua hot       the same, one hot key at capacity 100, 100/s: nearly every request rejected
 #   proxy no limits     ratelimit-proxy, a route without limits
-#   proxy Redis         a limit keyed by X-Api-Key, never binding, 10,000 keys: one EVALSHA each
+#   proxy Redis         a limit keyed by X-Api-Key, never binding, 10,000 keys: one decision each,
+#                       batched with the others waiting for the same round trip
 #   proxy Redis hot     one hot key at capacity 100, 100/s: nearly all rejected, mostly from the
 #                       deny cache (always on with Redis)
 #   proxy memory        the 10,000-key limit in the embedded in-memory store
@@ -624,20 +625,33 @@ plot for [i=2:$((series + 1))] "$work/plot.dat" using i:xtic(1) title columnhead
 EOF
 fi
 
-# Targets, from this run.
-targets=$(awk -F'\t' -v added_p50="$(added 3 3)" -v added_p99="$(added 5 3)" -v c="$PACED_C" "$awk_median"'
-    $1 == c { rps[$2] = rps[$2] " " $3; req[$2] += $8; bad[$2] += $6; evals[$2] += $10; windows[$2]++ }
+# Targets, from this run (issue 14's, and the earlier ones still held).
+targets=$(awk -F'\t' -v added_p50="$(added 3 3)" -v added_p99="$(added 5 3)" -v c="$PACED_C" -v tick="$TICK" "$awk_median"'
+    { all[$1, $2] = all[$1, $2] " " $3; if (!($1 in seen)) { seen[$1] = 1; cs[++ncs] = $1 } }
+    $1 == c { rps[$2] = rps[$2] " " $3; req[$2] += $8; bad[$2] += $6; evals[$2] += $10; windows[$2]++; ticks[$2] += $12; rcpu[$2] += $13 }
     function verdict(ok) { return ok ? "met" : "**missed**" }
+    function cpu(k) { return 1e6 * ticks[k] / tick / req[k] }
     END {
         redis = median(rps["proxy, Redis"]); lua = median(rps["nginx+Lua EVALSHA"]); pass = median(rps["nginx proxy_pass"])
         hot = median(rps["proxy, Redis, hot key"]); lr = median(rps["nginx limit_req, hot key"])
         bare = median(rps["bare Pingora"]); free = median(rps["proxy, no limits"])
-        if (bare && free) printf "| no limits vs bare Pingora | ≥ 0.97× | %.2f× | %s |\n", free / bare, verdict(free / bare >= 0.97)
-        if (redis && lua) printf "| allowed path vs nginx+Lua EVALSHA | ≥ 1.5× | %.2f× | %s |\n", redis / lua, verdict(redis / lua >= 1.5)
+        if (bare && free) printf "| 1. no limits vs bare Pingora | ≥ 0.97× | %.2f× (CPU µs/req %.1f against %.1f) | %s |\n", free / bare, cpu("proxy, no limits"), cpu("bare Pingora"), verdict(free / bare >= 0.97)
+        if (req["proxy, Redis"] && req["proxy, no limits"]) {
+            d = cpu("proxy, Redis") - cpu("proxy, no limits")
+            printf "| 2. the check'"'"'s proxy CPU per decision (Redis − no limits) | ≤ 5 µs | %.1f µs (%.1f − %.1f) | %s |\n", d, cpu("proxy, Redis"), cpu("proxy, no limits"), verdict(d <= 5)
+            r = 1e6 * rcpu["proxy, Redis"] / req["proxy, Redis"]
+            l = req["nginx+Lua EVALSHA"] ? sprintf("; nginx+Lua EVALSHA: %.1f µs", 1e6 * rcpu["nginx+Lua EVALSHA"] / req["nginx+Lua EVALSHA"]) : ""
+            printf "| 3. Redis CPU per decision | ≤ 6 µs | %.1f µs%s | %s |\n", r, l, verdict(r <= 6)
+        }
+        for (i = 1; i <= ncs; i++) {
+            x = median(all[cs[i], "proxy, Redis"]); y = median(all[cs[i], "nginx+Lua EVALSHA"])
+            want = cs[i] == c ? 1.5 : 1.25
+            if (x && y) printf "| 4. allowed path vs nginx+Lua EVALSHA, c=%s | ≥ %.2f× | %.2f× | %s |\n", cs[i], want, x / y, verdict(x / y >= want)
+        }
+        if (added_p50 != "") printf "| 5. check added at half of peak, p50 | ≤ 150 µs | %d µs | %s |\n", added_p50, verdict(added_p50 <= 150)
+        if (added_p99 != "") printf "| 5. check added at half of peak, p99 | ≤ 500 µs | %d µs | %s |\n", added_p99, verdict(added_p99 <= 500)
+        if (hot && lr) printf "| 6. hot key (deny cache) vs nginx limit_req rejecting | ≥ 1.0× | %.2f× | %s |\n", hot / lr, verdict(hot / lr >= 1)
         if (redis && pass) printf "| allowed path vs nginx proxy_pass | ≥ 0.75× | %.2f× | %s |\n", redis / pass, verdict(redis / pass >= 0.75)
-        if (added_p50 != "") printf "| check added at half of peak, p50 | ≤ 100 µs | %d µs | %s |\n", added_p50, verdict(added_p50 <= 100)
-        if (added_p99 != "") printf "| check added at half of peak, p99 | ≤ 300 µs | %d µs | %s |\n", added_p99, verdict(added_p99 <= 300)
-        if (hot && lr) printf "| hot key (deny cache) vs nginx limit_req rejecting | ≥ 1.0× | %.2f× | %s |\n", hot / lr, verdict(hot / lr >= 1)
         # A window starts with no denial cached (the bucket refilled while the others ran): the
         # first c requests past the burst each ask Redis; every denial after that is cached.
         k = "proxy, Redis, hot key"
@@ -646,10 +660,11 @@ targets=$(awk -F'\t' -v added_p50="$(added 3 3)" -v added_p99="$(added 5 3)" -v 
             printf "| Redis calls per denial (hot key, deny cache) | 0 | %.5f: %d EVALSHA for %d admitted and %d denied | %s |\n",
                 bad[k] ? (evals[k] - admitted) / bad[k] : 0, evals[k], admitted, bad[k], verdict((evals[k] - admitted) / bad[k] < 0.001)
         }
-        # Requests still in flight when wrk stops (one per connection at most) were decided but
-        # not counted by wrk.
+        # Decisions that queued during a round trip share the next call (batches), so at most one
+        # call per decision. Requests still in flight when wrk stops (one per connection at most)
+        # were decided but not counted by wrk.
         k = "proxy, Redis"
-        if (req[k]) printf "| Redis calls per admitted request | exactly 1 | %.4f | %s |\n", evals[k] / req[k], verdict(evals[k] >= req[k] && evals[k] - req[k] <= c * windows[k])
+        if (req[k]) printf "| Redis calls per admitted request (batched) | ≤ 1 | %.4f | %s |\n", evals[k] / req[k], verdict(evals[k] <= req[k] + c * windows[k])
     }' "$results")
 
 command="${overrides}bench/compare.sh"
