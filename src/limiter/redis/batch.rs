@@ -21,9 +21,11 @@ use std::thread::ThreadId;
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
-/// At most this many requests per call: the script runs alone on the Redis server, so one call
-/// must stay short (a few hundred microseconds) even when every request has several limits.
-pub const MAX_BATCH: usize = 64;
+/// At most this many requests per call. The script runs alone on the Redis server, so one call
+/// must stay short even when every request has several limits; and past a few dozen requests a
+/// call's own cost is already spread thin (bench/redis_instructions.sh: 8 and 32 requests per call
+/// differ by a tenth per decision).
+pub const MAX_BATCH: usize = 32;
 
 /// One request's buckets, waiting for its batch.
 pub struct Job {
