@@ -412,6 +412,17 @@ fn batched_calls_and_the_previous_script_decide_as_the_in_memory_store_one_by_on
     check(file!(), 128, cases, |(h, how)| replay_batched(&s, &h, &how));
 }
 
+/// `cargo test --test it proofs::differential -- --ignored`.
+#[test]
+#[ignore = "long variant: 4,000 histories of up to 200 steps"]
+fn batched_calls_and_the_previous_script_decide_as_the_in_memory_store_on_long_histories() {
+    let s = Script::load();
+    let cases = (history(1..=200), calls(200));
+    check(file!(), 4_000, cases, |(h, how)| {
+        replay_batched(&s, &h, &how)
+    });
+}
+
 /// The response headers a route with these limits (named after their keys) gives for `d`.
 fn headers(picked: &[(usize, &LimitSpec)], d: &Decision) -> Vec<(&'static str, String)> {
     let mut yaml = String::from(
