@@ -15,9 +15,9 @@
 
 use super::Caller;
 use crate::limiter::{Bucket, BucketParams, LimiterError};
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::ThreadId;
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
@@ -69,17 +69,29 @@ impl Answer {
     }
 }
 
+/// Tells apart the limiters of one process (tests make several), for the per-thread table.
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// This thread's queue of each limiter, found without a lock. Weak: the limiter's `Batches`
+    /// holds the queues open, so that dropping it ends its drivers.
+    static QUEUES: RefCell<Vec<(u64, mpsc::WeakUnboundedSender<Job>)>> = const { RefCell::new(Vec::new()) };
+}
+
 /// The per-thread queues of one limiter. Dropping it ends its drivers (their queues close).
 pub struct Batches {
+    id: u64,
     caller: Arc<Caller>,
-    queues: Mutex<HashMap<ThreadId, mpsc::UnboundedSender<Job>>>,
+    /// What keeps every thread's queue open while the limiter lives.
+    queues: Mutex<Vec<mpsc::UnboundedSender<Job>>>,
 }
 
 impl Batches {
     pub fn new(caller: Arc<Caller>) -> Batches {
         Batches {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             caller,
-            queues: Mutex::new(HashMap::new()),
+            queues: Mutex::new(Vec::new()),
         }
     }
 
@@ -110,16 +122,26 @@ impl Batches {
     /// This thread's queue, with a driver spawned on this thread's runtime when it has none (or
     /// `fresh`: its driver is gone).
     fn queue(&self, fresh: bool) -> mpsc::UnboundedSender<Job> {
-        let thread = std::thread::current().id();
-        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
         if !fresh {
-            if let Some(q) = queues.get(&thread) {
-                return q.clone();
+            let found = QUEUES.with_borrow(|queues| {
+                queues
+                    .iter()
+                    .find(|(id, _)| *id == self.id)
+                    .and_then(|(_, q)| q.upgrade())
+            });
+            if let Some(q) = found {
+                return q;
             }
         }
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(drive(self.caller.clone(), rx));
-        queues.insert(thread, tx.clone());
+        QUEUES.with_borrow_mut(|queues| {
+            queues.retain(|(id, q)| *id != self.id && q.strong_count() > 0);
+            queues.push((self.id, tx.downgrade()));
+        });
+        let mut open = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        open.retain(|q| !q.is_closed());
+        open.push(tx.clone());
         tx
     }
 }
