@@ -33,7 +33,8 @@ pub struct Job {
     pub params: Vec<BucketParams>,
     /// When the request's budget (`timeout_ms`) runs out.
     deadline: Instant,
-    answer: oneshot::Sender<Result<Answer, LimiterError>>,
+    /// `None` once answered.
+    answer: Option<oneshot::Sender<Result<Answer, LimiterError>>>,
 }
 
 impl Job {
@@ -46,8 +47,19 @@ impl Job {
             keys: buckets.iter().map(|b| b.key.to_owned()).collect(),
             params: buckets.iter().map(|b| b.params).collect(),
             deadline,
-            answer,
+            answer: Some(answer),
         }
+    }
+
+    fn answer(&mut self, result: Result<Answer, LimiterError>) {
+        if let Some(answer) = self.answer.take() {
+            let _ = answer.send(result);
+        }
+    }
+
+    /// Not answered yet, and its caller still waits.
+    fn waited_for(&self) -> bool {
+        self.answer.as_ref().is_some_and(|a| !a.is_closed())
     }
 
     /// The script's reply for this request: `allowed`, then three integers per limit.
@@ -153,13 +165,10 @@ async fn drive(caller: Arc<Caller>, mut queue: mpsc::UnboundedReceiver<Job>) {
         // Out of time while they queued (or gone): answered now, they take nothing.
         let now = Instant::now();
         jobs.retain_mut(|j| {
-            if j.deadline > now {
-                return !j.answer.is_closed();
+            if j.deadline <= now {
+                j.answer(Err(LimiterError::Timeout(caller.timeout)));
             }
-            let (closed, _) = oneshot::channel();
-            let answer = std::mem::replace(&mut j.answer, closed);
-            let _ = answer.send(Err(LimiterError::Timeout(caller.timeout)));
-            false
+            j.waited_for()
         });
         let Some(deadline) = jobs.iter().map(|j| j.deadline).min() else {
             continue;
@@ -178,9 +187,9 @@ async fn drive(caller: Arc<Caller>, mut queue: mpsc::UnboundedReceiver<Job>) {
             Ok(reply) => {
                 let reply: Arc<[i64]> = reply.into();
                 let mut at = 0;
-                for job in jobs.drain(..) {
+                for mut job in jobs.drain(..) {
                     let len = job.reply_len();
-                    let _ = job.answer.send(Ok(Answer {
+                    job.answer(Ok(Answer {
                         reply: reply.clone(),
                         at,
                         len,
@@ -189,8 +198,8 @@ async fn drive(caller: Arc<Caller>, mut queue: mpsc::UnboundedReceiver<Job>) {
                 }
             }
             Err(e) => {
-                for job in jobs.drain(..) {
-                    let _ = job.answer.send(Err(e.clone()));
+                for mut job in jobs.drain(..) {
+                    job.answer(Err(e.clone()));
                 }
             }
         }
