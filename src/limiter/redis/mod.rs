@@ -171,7 +171,7 @@ impl Caller {
     }
 
     /// One call of the script for `jobs`, loading it first where the server does not know it
-    /// (a restart, a failover, `SCRIPT FLUSH`). The flat reply, unchecked.
+    /// (a restart, a failover, `SCRIPT FLUSH`). The flat reply, of exactly the length `jobs` need.
     async fn call(&self, jobs: &[batch::Job]) -> Result<Vec<i64>, LimiterError> {
         self.metrics.redis_batch(jobs.len());
         let cmd = self.command(jobs);
@@ -185,7 +185,17 @@ impl Caller {
             other => other,
         }
         .map_err(classify)?;
-        redis::from_redis_value(reply).map_err(|e| LimiterError::Script(e.to_string()))
+        let reply: Vec<i64> =
+            redis::from_redis_value(reply).map_err(|e| LimiterError::Script(e.to_string()))?;
+        let expected: usize = jobs.iter().map(batch::Job::reply_len).sum();
+        if reply.len() != expected {
+            return Err(LimiterError::Script(format!(
+                "a reply of {} integers for {} requests that need {expected}",
+                reply.len(),
+                jobs.len()
+            )));
+        }
+        Ok(reply)
     }
 }
 
