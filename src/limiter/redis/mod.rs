@@ -17,6 +17,7 @@ mod batch;
 mod cluster;
 mod sentinel;
 mod standalone;
+mod wire;
 
 pub use cluster::Cluster;
 pub use sentinel::Sentinel;

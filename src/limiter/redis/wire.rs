@@ -1,0 +1,246 @@
+//! A connection to one Redis server that does the hot path's one exchange itself: write a packed
+//! command, read its one reply. No client library in between.
+//!
+//! A decision's call is one request and one reply, made by the thread's batch driver, which never
+//! has two calls in flight on a connection. redis-rs's multiplexed connection is built for
+//! something else (many callers pipelining on one socket): each call crossed to its connection
+//! task and back over channels, and its general parser cost more than the script. Here the driver
+//! writes and reads the socket itself, and the reply is read by a parser for RESP2's five types.
+//! redis-rs still encodes the commands, makes every error a `RedisError`, and does everything off
+//! this path (TLS, Cluster, Sentinel).
+
+use redis::{ConnectionAddr, ConnectionInfo, RedisError, Value};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+
+/// Nested arrays deeper than this are not a reply of ours: the connection is dropped.
+const MAX_DEPTH: usize = 4;
+/// Nor is a reply larger than this (a batch's reply is a few kilobytes).
+const MAX_REPLY: usize = 16 << 20;
+
+trait Socket: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Socket for T {}
+
+pub struct Wire {
+    socket: Box<dyn Socket>,
+    /// What was read and not parsed yet; empty between exchanges.
+    input: Vec<u8>,
+    /// The command being sent, kept to reuse its allocation.
+    output: Vec<u8>,
+}
+
+impl Wire {
+    /// Whether `info` is reached by a connection of this kind: plain TCP or a Unix socket (TLS
+    /// stays with redis-rs).
+    pub fn reaches(info: &ConnectionInfo) -> bool {
+        matches!(
+            info.addr(),
+            ConnectionAddr::Tcp(..) | ConnectionAddr::Unix(_)
+        )
+    }
+
+    /// Connects, authenticates and selects the database as `info` says.
+    pub async fn connect(info: &ConnectionInfo) -> Result<Wire, RedisError> {
+        let socket: Box<dyn Socket> = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => {
+                let socket = TcpStream::connect((host.as_str(), *port)).await?;
+                // Small writes, one per call: Nagle would hold each for the last one's ACK.
+                socket.set_nodelay(true)?;
+                Box::new(socket)
+            }
+            ConnectionAddr::Unix(path) => Box::new(UnixStream::connect(path).await?),
+            _ => {
+                return Err(RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "TLS connections are made by redis-rs",
+                )))
+            }
+        };
+        let mut wire = Wire {
+            socket,
+            input: Vec::with_capacity(512),
+            output: Vec::with_capacity(512),
+        };
+        let settings = info.redis_settings();
+        if let Some(password) = settings.password() {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = settings.username() {
+                auth.arg(user);
+            }
+            auth.arg(password);
+            wire.exchange(&auth).await?;
+        }
+        if settings.db() != 0 {
+            wire.exchange(redis::cmd("SELECT").arg(settings.db()))
+                .await?;
+        }
+        Ok(wire)
+    }
+
+    /// Sends `cmd` and reads its reply. A server's error reply is an `Err` that leaves the
+    /// connection usable ([`usable_after`]); any other error leaves it in an unknown state.
+    pub async fn exchange(&mut self, cmd: &redis::Cmd) -> Result<Value, RedisError> {
+        self.output.clear();
+        cmd.write_packed_command(&mut self.output);
+        self.socket.write_all(&self.output).await?;
+        self.input.clear();
+        loop {
+            if let Some((value, used)) = parse(&self.input, 0)? {
+                if used != self.input.len() {
+                    return Err(protocol("bytes after the reply"));
+                }
+                return value.extract_error();
+            }
+            if self.input.len() > MAX_REPLY {
+                return Err(protocol("a reply larger than 16 MiB"));
+            }
+            if self.socket.read_buf(&mut self.input).await? == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+            }
+        }
+    }
+}
+
+/// Whether a connection may be used again after `error`: the server answered, so the exchange
+/// finished (NOSCRIPT, OOM, a script error).
+pub fn usable_after(error: &RedisError) -> bool {
+    error.code().is_some()
+}
+
+fn protocol(what: &'static str) -> RedisError {
+    RedisError::from((
+        redis::ErrorKind::Parse,
+        "unexpected reply from Redis",
+        what.into(),
+    ))
+}
+
+/// One RESP2 reply at the start of `buf`, and its length; `None` while it is incomplete.
+fn parse(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, RedisError> {
+    let Some(end) = memchr::memmem::find(buf, b"\r\n") else {
+        return Ok(None);
+    };
+    let Some((&kind, line)) = buf[..end].split_first() else {
+        return Err(protocol("an empty line"));
+    };
+    let after = end + 2;
+    let value = match kind {
+        b':' => Value::Int(integer(line)?),
+        b'+' if line == b"OK" => Value::Okay,
+        b'+' => Value::SimpleString(String::from_utf8_lossy(line).into_owned()),
+        // redis-rs makes the error (its kind from the code: NOSCRIPT, OOM, ...); rare, so its
+        // general parser is fine here.
+        b'-' => redis::parse_redis_value(&buf[..after])?,
+        b'$' => {
+            let Ok(len) = usize::try_from(integer(line)?) else {
+                return Ok(Some((Value::Nil, after)));
+            };
+            let Some(body) = buf.get(after..after + len + 2) else {
+                return Ok(None);
+            };
+            if !body.ends_with(b"\r\n") {
+                return Err(protocol("a bulk string without its CRLF"));
+            }
+            return Ok(Some((
+                Value::BulkString(body[..len].to_vec()),
+                after + len + 2,
+            )));
+        }
+        b'*' => {
+            let Ok(len) = usize::try_from(integer(line)?) else {
+                return Ok(Some((Value::Nil, after)));
+            };
+            if depth >= MAX_DEPTH {
+                return Err(protocol("arrays nested too deep"));
+            }
+            // Each element takes at least 3 bytes: no allocation larger than what was read.
+            let mut items = Vec::with_capacity(len.min(buf.len() / 3));
+            let mut at = after;
+            for _ in 0..len {
+                let Some((item, used)) = parse(&buf[at..], depth + 1)? else {
+                    return Ok(None);
+                };
+                items.push(item);
+                at += used;
+            }
+            return Ok(Some((Value::Array(items), at)));
+        }
+        _ => return Err(protocol("a type RESP2 does not have")),
+    };
+    Ok(Some((value, after)))
+}
+
+fn integer(digits: &[u8]) -> Result<i64, RedisError> {
+    std::str::from_utf8(digits)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| protocol("an integer that is not one"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn whole(bytes: &[u8]) -> Value {
+        let (value, used) = parse(bytes, 0).unwrap().unwrap();
+        assert_eq!(used, bytes.len());
+        value
+    }
+
+    #[test]
+    fn reads_the_replies_the_proxy_gets() {
+        assert_eq!(
+            whole(b"*4\r\n:1\r\n:-5\r\n:0\r\n:0\r\n"),
+            Value::Array(vec![
+                Value::Int(1),
+                Value::Int(-5),
+                Value::Int(0),
+                Value::Int(0)
+            ])
+        );
+        assert_eq!(whole(b"+OK\r\n"), Value::Okay);
+        assert_eq!(whole(b"+PONG\r\n"), Value::SimpleString("PONG".into()));
+        assert_eq!(
+            whole(b"$5\r\nab\r\nc\r\n"),
+            Value::BulkString(b"ab\r\nc".to_vec())
+        );
+        assert_eq!(whole(b"$-1\r\n"), Value::Nil);
+        assert_eq!(whole(b"*0\r\n"), Value::Array(vec![]));
+    }
+
+    #[test]
+    fn an_error_reply_keeps_its_kind_and_the_connection() {
+        let err = whole(b"-NOSCRIPT No matching script.\r\n")
+            .extract_error()
+            .unwrap_err();
+        assert_eq!(
+            err.kind(),
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+        );
+        assert!(usable_after(&err));
+        let io: RedisError = std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into();
+        assert!(!usable_after(&io));
+    }
+
+    #[test]
+    fn waits_for_the_rest_of_a_reply_cut_anywhere() {
+        let reply = b"*3\r\n:1\r\n$3\r\nabc\r\n*1\r\n:-2\r\n";
+        for cut in 0..reply.len() {
+            assert!(parse(&reply[..cut], 0).unwrap().is_none(), "cut at {cut}");
+        }
+        whole(reply);
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_reply() {
+        for bad in [
+            &b"?1\r\n"[..],
+            b":x\r\n",
+            b"\r\n",
+            b"$3\r\nabcd\r\n",
+            b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n",
+        ] {
+            assert!(parse(bad, 0).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+}
