@@ -19,6 +19,9 @@ pub const RATELIMIT: &str = "ratelimit";
 pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
 pub const RETRY_AFTER: &str = "retry-after";
 
+/// The most headers `RouteHeaders::each` puts.
+pub const MOST: usize = 6;
+
 /// A route's limits as headers need them; the policy field is the same for every response of the
 /// route, so it is rendered once, at config load.
 #[derive(Debug, Clone)]
@@ -90,8 +93,7 @@ impl RouteHeaders {
         if let Some(policy) = &self.policy {
             put(RATELIMIT_POLICY, policy.clone());
         }
-        let ratelimit = format!("\"{}\";r={};t={}", self.names[i], state.remaining, t);
-        if let Ok(v) = HeaderValue::try_from(ratelimit) {
+        if let Ok(v) = HeaderValue::from_maybe_shared(self.ratelimit(i, state.remaining, t)) {
             put(RATELIMIT, v);
         }
         if !decision.allowed {
@@ -101,6 +103,20 @@ impl RouteHeaders {
 }
 
 impl RouteHeaders {
+    /// `"name";r=remaining;t=seconds`, written without `format!` (this is on every allowed
+    /// response).
+    fn ratelimit(&self, i: usize, remaining: u64, t: u64) -> bytes::Bytes {
+        let name = &self.names[i];
+        let mut v = Vec::with_capacity(name.len() + 50);
+        v.push(b'"');
+        v.extend_from_slice(name.as_bytes());
+        v.extend_from_slice(b"\";r=");
+        decimal(&mut v, remaining);
+        v.extend_from_slice(b";t=");
+        decimal(&mut v, t);
+        v.into()
+    }
+
     /// A rejection's headers, and its body's reasons: the limits that refused it.
     pub fn rejection<'a>(
         &'a self,
@@ -194,6 +210,22 @@ fn quoted(names: &[&str]) -> String {
         .join(", ")
 }
 
+/// Appends `n` in decimal.
+pub fn decimal(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
 fn secs_ceil(us: u64) -> u64 {
     us.div_ceil(1_000_000)
 }
@@ -225,6 +257,15 @@ mod tests {
             wait_us,
             held: 0,
             lag_us: 0,
+        }
+    }
+
+    #[test]
+    fn decimal_writes_every_width() {
+        for n in [0, 7, 10, 99, 12345, u64::MAX] {
+            let mut out = b"x".to_vec();
+            decimal(&mut out, n);
+            assert_eq!(out, format!("x{n}").into_bytes());
         }
     }
 

@@ -35,6 +35,7 @@ pub mod draw;
 pub mod explain;
 pub mod gate;
 pub mod head;
+pub mod head_room;
 pub mod headers;
 pub mod health;
 pub mod key;

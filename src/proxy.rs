@@ -4,6 +4,7 @@
 use crate::canonical::{self, Refused, Rewrite};
 use crate::clock::SystemClock;
 use crate::gate::{Asking, Gate, Verdict};
+use crate::head_room;
 use crate::headers::{self, Refusal};
 use crate::limiter::{Decision, Limiter};
 use crate::metrics::{Closed, Metrics, Outcome};
@@ -16,6 +17,7 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::FailToProxy;
 use pingora::upstreams::peer::Peer;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 pub struct RateLimitProxy<L> {
@@ -150,6 +152,8 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        // X-Forwarded-For, -Proto, -Host.
+        head_room::request(upstream_request, 3)?;
         if let Some(target) = &ctx.rewrite.target {
             upstream_request.set_raw_path(target)?;
         }
@@ -166,10 +170,8 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             _ => false,
         };
         if let Some(ip) = peer {
-            let forwarded = match upstream_request.headers.get("x-forwarded-for") {
-                Some(prior) => format!("{}, {ip}", String::from_utf8_lossy(prior.as_bytes())),
-                None => ip.to_string(),
-            };
+            let prior = upstream_request.headers.get("x-forwarded-for");
+            let forwarded = forwarded_for(prior.map(HeaderValue::as_bytes), ip);
             upstream_request.insert_header("x-forwarded-for", forwarded)?;
         }
         if !trusted || upstream_request.headers.get("x-forwarded-proto").is_none() {
@@ -282,6 +284,7 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         if let (Some((decision, limits)), Some(route)) = (&ctx.decision, route_of(ctx)) {
+            head_room::response(upstream_response, headers::MOST)?;
             route.headers.each(decision, limits, |name, value| {
                 // Only fails for an invalid header name, and ours are constants.
                 let _ = upstream_response.insert_header(name, value);
@@ -379,6 +382,32 @@ impl<L> RateLimitProxy<L> {
     }
 }
 
+/// `X-Forwarded-For` with `ip` appended to what it held (written without `format!`: it is on
+/// every request).
+fn forwarded_for(prior: Option<&[u8]>, ip: IpAddr) -> HeaderValue {
+    let mut v = Vec::with_capacity(prior.map_or(0, |p| p.len() + 2) + 39);
+    if let Some(prior) = prior {
+        v.extend_from_slice(prior);
+        v.extend_from_slice(b", ");
+    }
+    match ip {
+        IpAddr::V4(ip) => {
+            for (i, octet) in ip.octets().into_iter().enumerate() {
+                if i > 0 {
+                    v.push(b'.');
+                }
+                headers::decimal(&mut v, octet.into());
+            }
+        }
+        IpAddr::V6(ip) => {
+            use std::io::Write;
+            let _ = write!(v, "{ip}");
+        }
+    }
+    // The prior value was a valid header value, and an address adds only ASCII.
+    HeaderValue::from_maybe_shared(Bytes::from(v)).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
 /// `Content-Length: 54, 54` (or the same value twice), which Pingora accepts as 54, goes on as one
 /// value: an upstream that reads the list differently could take the body for another request.
 fn single_content_length(req: &mut RequestHeader) -> Result<()> {
@@ -397,4 +426,18 @@ fn single_content_length(req: &mut RequestHeader) -> Result<()> {
         .map(|v| String::from_utf8_lossy(v).trim().to_string())
         .unwrap_or_default();
     req.insert_header(header::CONTENT_LENGTH, n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwarded_for_appends_the_address_as_written() {
+        let v4: IpAddr = "10.0.255.7".parse().unwrap();
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(forwarded_for(None, v4), "10.0.255.7");
+        assert_eq!(forwarded_for(Some(b"1.2.3.4"), v6), "1.2.3.4, 2001:db8::1");
+        assert_eq!(forwarded_for(None, "0.0.0.0".parse().unwrap()), "0.0.0.0");
+    }
 }
