@@ -13,7 +13,8 @@ use pingora::prelude::*;
 /// Makes room in `resp` for `more` headers.
 pub fn response(resp: &mut ResponseHeader, more: usize) -> Result<()> {
     let reason = resp.get_reason_phrase().map(str::to_owned);
-    let placeholder = ResponseHeader::build_no_case(200, Some(0))?;
+    // Allocates nothing, parses nothing.
+    let placeholder = http::Response::new(()).into_parts().0.into();
     let mut parts: http::response::Parts = std::mem::replace(resp, placeholder).into();
     parts.headers.reserve(more);
     *resp = parts.into();
@@ -25,7 +26,7 @@ pub fn response(resp: &mut ResponseHeader, more: usize) -> Result<()> {
 pub fn request(req: &mut RequestHeader, more: usize) -> Result<()> {
     let raw = req.raw_path();
     let verbatim = (raw != from_uri(&req.uri)).then(|| raw.to_vec());
-    let placeholder = RequestHeader::build_no_case("GET", b"/", Some(0))?;
+    let placeholder = http::Request::new(()).into_parts().0.into();
     let mut parts: http::request::Parts = std::mem::replace(req, placeholder).into();
     parts.headers.reserve(more);
     *req = parts.into();

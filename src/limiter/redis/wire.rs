@@ -117,9 +117,15 @@ fn protocol(what: &'static str) -> RedisError {
 
 /// One RESP2 reply at the start of `buf`, and its length; `None` while it is incomplete.
 fn parse(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, RedisError> {
-    let Some(end) = memchr::memmem::find(buf, b"\r\n") else {
+    // A line's end: CR, then LF (no line of a reply holds a CR).
+    let Some(end) = memchr::memchr(b'\r', buf) else {
         return Ok(None);
     };
+    match buf.get(end + 1) {
+        None => return Ok(None),
+        Some(b'\n') => {}
+        Some(_) => return Err(protocol("a CR without its LF")),
+    }
     let Some((&kind, line)) = buf[..end].split_first() else {
         return Err(protocol("an empty line"));
     };
@@ -170,11 +176,24 @@ fn parse(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, RedisError>
     Ok(Some((value, after)))
 }
 
-fn integer(digits: &[u8]) -> Result<i64, RedisError> {
-    std::str::from_utf8(digits)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| protocol("an integer that is not one"))
+/// A reply's integer: an optional minus and up to 18 digits (every count and number this proxy
+/// reads is far smaller).
+fn integer(text: &[u8]) -> Result<i64, RedisError> {
+    let (negative, digits) = match text.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, text),
+    };
+    if digits.is_empty() || digits.len() > 18 {
+        return Err(protocol("an integer that is not one"));
+    }
+    let mut n: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return Err(protocol("an integer that is not one"));
+        }
+        n = n * 10 + i64::from(d - b'0');
+    }
+    Ok(if negative { -n } else { n })
 }
 
 #[cfg(test)]
@@ -206,6 +225,10 @@ mod tests {
         );
         assert_eq!(whole(b"$-1\r\n"), Value::Nil);
         assert_eq!(whole(b"*0\r\n"), Value::Array(vec![]));
+        assert_eq!(
+            whole(b":-123456789012345678\r\n"),
+            Value::Int(-123456789012345678)
+        );
     }
 
     #[test]
@@ -236,6 +259,11 @@ mod tests {
         for bad in [
             &b"?1\r\n"[..],
             b":x\r\n",
+            b":\r\n",
+            b":-\r\n",
+            b":1234567890123456789\r\n",
+            b":+1\r\n",
+            b":1\r2\r\n",
             b"\r\n",
             b"$3\r\nabcd\r\n",
             b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n",
