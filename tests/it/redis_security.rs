@@ -189,3 +189,51 @@ fn tls_to_redis_is_verified_against_the_configured_ca() {
     assert_eq!(untrusting.get("/", &[]).status, 503);
     assert!(untrusting.metric("ratelimit_redis_errors_total{kind=\"connection\"}") >= 1.0);
 }
+
+/// Over TCP, with a password and a database number in the URL: the proxy's own connection
+/// authenticates and selects the database before its first call (the other tests reach Redis
+/// over a Unix socket), and a connection the server closed is replaced without failing a request.
+#[test]
+fn a_tcp_url_with_a_password_and_a_database_number() {
+    let port = crate::support::free_port();
+    let mut redis =
+        RedisServer::start_with(&["--port", &port.to_string(), "--requirepass", "tcp-secret"]);
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&format!(
+        "listen: \"{{listen}}\"\nadmin: \"{{admin}}\"\nredis:\n  url: \"redis://:tcp-secret@127.0.0.1:{port}/3\"\n  timeout_ms: 2000\n\
+         routes:\n  - name: api\n    upstream: \"{}\"\n    on_redis_error: closed\n    limits: [{{ name: l, capacity: 10, refill: \"1/h\" }}]\n",
+        upstream.addr
+    ));
+    // Several requests, so that each worker thread has its own connection open.
+    let mut left = 10;
+    let mut next = |proxy: &Proxy| {
+        left -= 1;
+        let r = proxy.get("/", &[]);
+        assert_eq!(
+            r.header("x-ratelimit-remaining"),
+            Some(&*left.to_string()),
+            "{r:?}"
+        );
+    };
+    for _ in 0..4 {
+        next(&proxy);
+    }
+    let in_db = |db: i64| -> i64 {
+        let mut c = redis.connection().expect("connect to the test redis");
+        let _: () = redis::cmd("SELECT").arg(db).query(&mut c).unwrap();
+        redis::cmd("DBSIZE").query(&mut c).unwrap()
+    };
+    assert_eq!((in_db(0), in_db(3)), (0, 1), "the bucket lives in db 3");
+
+    // Every connection the server has is closed under the proxy: the next decision still holds.
+    let _: () = redis.cmd(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+    for _ in 0..4 {
+        next(&proxy);
+    }
+    redis.restart();
+    assert_eq!(
+        proxy.get("/", &[]).header("x-ratelimit-remaining"),
+        Some("9"),
+        "a full bucket again: the restarted server kept nothing"
+    );
+}
