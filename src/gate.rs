@@ -85,7 +85,12 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
         }
         // Formatted only for routes whose keys read it.
         let client_ip = match request.client {
-            Some(ip) if route.keys_on_client_ip() => ip.to_string(),
+            Some(ip) if route.keys_on_client_ip() => {
+                let mut text = Vec::with_capacity(39);
+                crate::headers::ip_text(&mut text, ip);
+                // ASCII digits, dots, colons and hex letters only.
+                String::from_utf8(text).unwrap_or_default()
+            }
             _ => String::new(),
         };
         let facts = RequestFacts {

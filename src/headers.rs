@@ -210,6 +210,25 @@ fn quoted(names: &[&str]) -> String {
         .join(", ")
 }
 
+/// Appends `ip` as text, as `Display` writes it: without the formatting machinery for IPv4 (the
+/// client address is written on every request, for `X-Forwarded-For` and for keys).
+pub fn ip_text(out: &mut Vec<u8>, ip: std::net::IpAddr) {
+    match ip {
+        std::net::IpAddr::V4(ip) => {
+            for (i, octet) in ip.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                decimal(out, octet.into());
+            }
+        }
+        std::net::IpAddr::V6(ip) => {
+            use std::io::Write;
+            let _ = write!(out, "{ip}");
+        }
+    }
+}
+
 /// Appends `n` in decimal.
 pub fn decimal(out: &mut Vec<u8>, n: u64) {
     let mut digits = [0u8; 20];
@@ -257,6 +276,22 @@ mod tests {
             wait_us,
             held: 0,
             lag_us: 0,
+        }
+    }
+
+    #[test]
+    fn ip_text_writes_as_display_does() {
+        for ip in [
+            "0.0.0.0",
+            "10.0.255.7",
+            "255.255.255.255",
+            "::1",
+            "2001:db8::ff00:42:8329",
+        ] {
+            let ip: std::net::IpAddr = ip.parse().unwrap();
+            let mut out = Vec::new();
+            ip_text(&mut out, ip);
+            assert_eq!(out, ip.to_string().into_bytes());
         }
     }
 

@@ -382,28 +382,14 @@ impl<L> RateLimitProxy<L> {
     }
 }
 
-/// `X-Forwarded-For` with `ip` appended to what it held (written without `format!`: it is on
-/// every request).
+/// `X-Forwarded-For` with `ip` appended to what it held.
 fn forwarded_for(prior: Option<&[u8]>, ip: IpAddr) -> HeaderValue {
     let mut v = Vec::with_capacity(prior.map_or(0, |p| p.len() + 2) + 39);
     if let Some(prior) = prior {
         v.extend_from_slice(prior);
         v.extend_from_slice(b", ");
     }
-    match ip {
-        IpAddr::V4(ip) => {
-            for (i, octet) in ip.octets().into_iter().enumerate() {
-                if i > 0 {
-                    v.push(b'.');
-                }
-                headers::decimal(&mut v, octet.into());
-            }
-        }
-        IpAddr::V6(ip) => {
-            use std::io::Write;
-            let _ = write!(v, "{ip}");
-        }
-    }
+    headers::ip_text(&mut v, ip);
     // The prior value was a valid header value, and an address adds only ASCII.
     HeaderValue::from_maybe_shared(Bytes::from(v)).unwrap_or_else(|_| HeaderValue::from_static(""))
 }

@@ -146,8 +146,13 @@ impl Caller {
             .flat_map(|j| &j.params)
             .map(&mut index)
             .collect();
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.script.get_hash()).arg(numbers.len());
+        // Sized once: arguments are a key or a number each (a key's bytes counted, 20 per number).
+        let keys: usize = jobs.iter().flat_map(|j| &j.keys).map(String::len).sum();
+        let args = 4 + numbers.len() * 2 + jobs.len() + limits.len() * 4;
+        let mut cmd = redis::Cmd::with_capacity(args, keys + 40 + (args - numbers.len()) * 20);
+        cmd.arg("EVALSHA")
+            .arg(self.script.get_hash())
+            .arg(numbers.len());
         for j in jobs {
             for k in &j.keys {
                 cmd.arg(k.as_str());
