@@ -162,35 +162,48 @@ pub struct Refusal<'a> {
 /// The IETF problem type for an exhausted quota (draft-ietf-httpapi-ratelimit-headers).
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
-/// The content type and body of a refusal in the route's chosen format.
-pub fn refusal_body(format: &DenyFormat, why: &Refusal<'_>) -> (String, String) {
-    let detail = match why.retry_after {
-        Some(s) => format!(
-            "limit {} of route \"{}\" is exhausted; retry in {s} s",
-            quoted(&why.violated),
-            why.route
-        ),
-        None => format!(
-            "limit {} of route \"{}\" needs a key this request does not carry",
-            quoted(&why.violated),
-            why.route
-        ),
-    };
+/// The content type and body of a refusal in the route's chosen format. Written without `format!`:
+/// a client flooding an exhausted key gets one of these per request.
+pub fn refusal_body<'a>(format: &'a DenyFormat, why: &Refusal<'_>) -> (&'a str, String) {
+    let mut detail = String::with_capacity(96);
+    detail.push_str("limit ");
+    for (i, name) in why.violated.iter().enumerate() {
+        if i > 0 {
+            detail.push_str(", ");
+        }
+        detail.push('"');
+        detail.push_str(name);
+        detail.push('"');
+    }
+    detail.push_str(" of route \"");
+    detail.push_str(why.route);
+    match why.retry_after {
+        Some(s) => {
+            detail.push_str("\" is exhausted; retry in ");
+            detail.push_str(digits(s, &mut [0; 20]));
+            detail.push_str(" s");
+        }
+        None => detail.push_str("\" needs a key this request does not carry"),
+    }
     match format {
         DenyFormat::Text => {
             let reason = http::StatusCode::from_u16(why.status)
                 .ok()
                 .and_then(|s| s.canonical_reason())
                 .unwrap_or("Refused");
-            (
-                "text/plain; charset=utf-8".into(),
-                format!("{} {reason}: {detail}\n", why.status),
-            )
+            let mut body = String::with_capacity(detail.len() + reason.len() + 8);
+            body.push_str(digits(why.status.into(), &mut [0; 20]));
+            body.push(' ');
+            body.push_str(reason);
+            body.push_str(": ");
+            body.push_str(&detail);
+            body.push('\n');
+            ("text/plain; charset=utf-8", body)
         }
-        DenyFormat::Custom { body, content_type } => (content_type.clone(), body.clone()),
+        DenyFormat::Custom { body, content_type } => (content_type, body.clone()),
         // Route and limit names are [A-Za-z0-9_-]: nothing in them needs JSON escaping.
         DenyFormat::ProblemJson => (
-            "application/problem+json".into(),
+            "application/problem+json",
             format!(
                 "{{\"type\":\"{QUOTA_EXCEEDED}\",\"title\":\"Request cannot be satisfied as assigned quota has been exceeded\",\
                  \"status\":{},\"detail\":\"{}\",\"violated-policies\":[{}]}}",
@@ -200,14 +213,6 @@ pub fn refusal_body(format: &DenyFormat, why: &Refusal<'_>) -> (String, String) 
             ),
         ),
     }
-}
-
-fn quoted(names: &[&str]) -> String {
-    names
-        .iter()
-        .map(|n| format!("\"{n}\""))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// Appends `ip` as text, as `Display` writes it: without the formatting machinery for IPv4 (the
@@ -231,18 +236,22 @@ pub fn ip_text(out: &mut Vec<u8>, ip: std::net::IpAddr) {
 
 /// Appends `n` in decimal.
 pub fn decimal(out: &mut Vec<u8>, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut n = n;
+    out.extend_from_slice(digits(n, &mut [0; 20]).as_bytes());
+}
+
+/// `n` in decimal, written into `buf`.
+fn digits(mut n: u64, buf: &mut [u8; 20]) -> &str {
+    let mut at = buf.len();
     loop {
         at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
+        buf[at] = b'0' + (n % 10) as u8;
         n /= 10;
         if n == 0 {
             break;
         }
     }
-    out.extend_from_slice(&digits[at..]);
+    // Only ASCII digits were written.
+    std::str::from_utf8(&buf[at..]).unwrap_or("0")
 }
 
 fn secs_ceil(us: u64) -> u64 {
@@ -293,6 +302,36 @@ mod tests {
             ip_text(&mut out, ip);
             assert_eq!(out, ip.to_string().into_bytes());
         }
+    }
+
+    #[test]
+    fn refusal_bodies_read_as_written() {
+        let why = |violated, retry_after| Refusal {
+            status: 429,
+            route: "api",
+            violated,
+            retry_after,
+        };
+        let text = |w: &Refusal<'_>| refusal_body(&DenyFormat::Text, w);
+        assert_eq!(
+            text(&why(vec!["burst"], Some(60))),
+            (
+                "text/plain; charset=utf-8",
+                "429 Too Many Requests: limit \"burst\" of route \"api\" is exhausted; retry in 60 s\n"
+                    .to_string()
+            )
+        );
+        assert_eq!(
+            text(&why(vec!["a", "b"], None)).1,
+            "429 Too Many Requests: limit \"a\", \"b\" of route \"api\" needs a key this request does not carry\n"
+        );
+        let (content_type, json) =
+            refusal_body(&DenyFormat::ProblemJson, &why(vec!["a", "b"], Some(1)));
+        assert_eq!(content_type, "application/problem+json");
+        assert!(
+            json.contains("\"detail\":\"limit 'a', 'b' of route 'api' is exhausted; retry in 1 s\",\"violated-policies\":[\"a\",\"b\"]"),
+            "{json}"
+        );
     }
 
     #[test]

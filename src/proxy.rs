@@ -344,7 +344,7 @@ async fn refuse(
     why: &Refusal<'_>,
 ) -> Result<()> {
     let (content_type, body) = headers::refusal_body(&route.deny.format, why);
-    respond(session, why.status, &content_type, extra, body).await
+    respond(session, why.status, content_type, extra, body).await
 }
 
 /// Writes a complete response from `request_filter`, where Pingora has no upstream response to
