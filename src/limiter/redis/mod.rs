@@ -2,10 +2,12 @@
 //! or the primary a set of sentinels names.
 //!
 //! Decisions that arrive while a call is in flight go together in the next one (`batch`); on a
-//! Cluster, where keys live on many nodes, each decision is its own call. A multiplexed connection
-//! carries every call (a standalone server gets one per worker thread), so there is no pool to
-//! size. It is created on first use, inside the runtime that serves requests: a handle made before
-//! Pingora starts its runtimes would be bound to a dead one. Every decision runs under one
+//! Cluster, where keys live on many nodes, each decision is its own call. A standalone server or a
+//! sentinels' primary gets a connection per worker thread, which that thread's batch driver reads
+//! and writes itself (`wire`; over TLS a redis-rs manager per thread); a Cluster, redis-rs's
+//! multiplexed connections. So there is no pool to size. Connections are made on first use,
+//! inside the runtime that serves requests: a handle made before Pingora starts its runtimes
+//! would be bound to a dead one. Every decision runs under one
 //! deadline, queueing and reconnects included, because the clients themselves would wait for Redis
 //! far longer; and a circuit breaker stops calling a Redis that is known to be down.
 //!

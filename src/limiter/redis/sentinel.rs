@@ -1,7 +1,9 @@
 //! The primary that a set of sentinels names: its address changes at failover, so it is asked of
 //! the sentinels again whenever the current one stops answering or has become a read-only
-//! replica.
+//! replica. The sentinels are asked through redis-rs; the primary is reached as a standalone
+//! server is (`standalone`): each thread's own connection, or over TLS a redis-rs manager.
 
+use super::wire::{Pool, Wire};
 use super::{manager_config, Security, Topology};
 use crate::limiter::LimiterError;
 use arc_swap::ArcSwapOption;
@@ -19,7 +21,24 @@ pub struct Sentinel {
     /// say.
     security: Security,
     timeout: Duration,
-    primary: ArcSwapOption<ConnectionManager>,
+    primary: ArcSwapOption<Primary>,
+}
+
+/// How the current primary is reached.
+enum Primary {
+    /// Plain TCP: each thread's own connection.
+    Wire(Box<Pool>),
+    /// TLS: a redis-rs connection manager.
+    Manager(ConnectionManager),
+}
+
+impl Primary {
+    async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+        match self {
+            Primary::Wire(pool) => pool.query(cmd).await,
+            Primary::Manager(manager) => cmd.query_async(&mut manager.clone()).await,
+        }
+    }
 }
 
 impl Sentinel {
@@ -49,34 +68,37 @@ impl Sentinel {
         })
     }
 
-    /// The current primary's connection, asking the sentinels when there is none.
-    async fn primary(&self) -> Result<Arc<ConnectionManager>, RedisError> {
-        if let Some(c) = self.primary.load_full() {
-            return Ok(c);
+    /// The current primary, asking the sentinels when there is none.
+    async fn primary(&self) -> Result<Arc<Primary>, RedisError> {
+        if let Some(p) = self.primary.load_full() {
+            return Ok(p);
         }
         let mut sentinels = self.sentinels.lock().await;
         // Another decision may have found the primary while this one waited for the lock.
-        if let Some(c) = self.primary.load_full() {
-            return Ok(c);
+        if let Some(p) = self.primary.load_full() {
+            return Ok(p);
         }
         let found = sentinels.async_get_client().await?;
         let client = self.security.client(found.get_connection_info().clone())?;
-        log::info!(
-            "sentinel: primary is {}",
-            client.get_connection_info().addr()
-        );
-        let manager = Arc::new(ConnectionManager::new_lazy_with_config(
-            client,
-            manager_config(self.timeout),
-        )?);
-        self.primary.store(Some(manager.clone()));
-        Ok(manager)
+        let info = client.get_connection_info();
+        log::info!("sentinel: primary is {}", info.addr());
+        let primary = Arc::new(if Wire::reaches(info) {
+            Primary::Wire(Box::new(Pool::new(info.clone())))
+        } else {
+            Primary::Manager(ConnectionManager::new_lazy_with_config(
+                client,
+                manager_config(self.timeout),
+            )?)
+        });
+        self.primary.store(Some(primary.clone()));
+        Ok(primary)
     }
 
-    /// Drops `failed` as the primary, unless another decision replaced it already.
-    fn forget(&self, failed: &Arc<ConnectionManager>) {
+    /// Drops `failed` as the primary, unless another decision replaced it already. Once no
+    /// decision holds it, each thread closes its connections to it at its next call.
+    fn forget(&self, failed: &Arc<Primary>) {
         self.primary.rcu(|current| match current {
-            Some(c) if Arc::ptr_eq(c, failed) => None,
+            Some(p) if Arc::ptr_eq(p, failed) => None,
             other => other.clone(),
         });
     }
@@ -94,12 +116,11 @@ fn moved_primary(e: &RedisError) -> bool {
 impl Topology for Sentinel {
     async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
         let primary = self.primary().await?;
-        match cmd.query_async(&mut (*primary).clone()).await {
+        match primary.query(cmd).await {
             // Failed over: the old primary is gone or now a read-only replica.
             Err(e) if moved_primary(&e) => {
                 self.forget(&primary);
-                let mut conn = (*self.primary().await?).clone();
-                cmd.query_async(&mut conn).await
+                self.primary().await?.query(cmd).await
             }
             other => other,
         }

@@ -9,9 +9,80 @@
 //! redis-rs still encodes the commands, makes every error a `RedisError`, and does everything off
 //! this path (TLS, Cluster, Sentinel).
 
-use redis::{ConnectionAddr, ConnectionInfo, RedisError, Value};
+use redis::{Cmd, ConnectionAddr, ConnectionInfo, RedisError, Value};
+use std::cell::RefCell;
+use std::sync::{Arc, Weak};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
+
+/// Idle connections a thread keeps per server: the batch driver needs one; a health check that
+/// overlaps a call takes a second.
+const IDLE_PER_THREAD: usize = 2;
+
+thread_local! {
+    /// This thread's idle connections to each live pool's server. An entry whose pool is gone (a
+    /// limiter dropped, a primary replaced at failover) is dropped, its connections closed, the
+    /// next time this thread looks.
+    static IDLE: RefCell<Vec<(Weak<()>, Vec<Wire>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Connections to one server, each thread's own: made on a thread's first call and kept there.
+pub struct Pool {
+    info: ConnectionInfo,
+    /// Tells this pool's thread-local entries apart, and ends them when the pool goes.
+    alive: Arc<()>,
+}
+
+impl Pool {
+    /// Connections to the server `info` describes, which [`Wire::reaches`]. Connects nothing yet.
+    pub fn new(info: ConnectionInfo) -> Pool {
+        Pool {
+            info,
+            alive: Arc::new(()),
+        }
+    }
+
+    /// On this thread's idle connection, or a new one. A connection that failed is dropped; one
+    /// that was idle may have been closed by a restarted server meanwhile, so that failure gets
+    /// one retry on a new connection (the command may have run: a retried decision can only
+    /// take tokens twice, never admit more).
+    pub async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+        let (mut wire, reused) = match self.idle() {
+            Some(wire) => (wire, true),
+            None => (Wire::connect(&self.info).await?, false),
+        };
+        let mut result = wire.exchange(cmd).await;
+        if reused && matches!(&result, Err(e) if !usable_after(e)) {
+            wire = Wire::connect(&self.info).await?;
+            result = wire.exchange(cmd).await;
+        }
+        match &result {
+            Err(e) if !usable_after(e) => {}
+            _ => self.put_back(wire),
+        }
+        result
+    }
+
+    fn idle(&self) -> Option<Wire> {
+        IDLE.with_borrow_mut(|table| {
+            table.retain(|(pool, _)| pool.strong_count() > 0);
+            let me = Arc::downgrade(&self.alive);
+            let (_, idle) = table.iter_mut().find(|(pool, _)| pool.ptr_eq(&me))?;
+            idle.pop()
+        })
+    }
+
+    fn put_back(&self, wire: Wire) {
+        IDLE.with_borrow_mut(|table| {
+            let me = Arc::downgrade(&self.alive);
+            match table.iter_mut().find(|(pool, _)| pool.ptr_eq(&me)) {
+                Some((_, idle)) if idle.len() < IDLE_PER_THREAD => idle.push(wire),
+                Some(_) => {}
+                None => table.push((me, vec![wire])),
+            }
+        })
+    }
+}
 
 /// Nested arrays deeper than this are not a reply of ours: the connection is dropped.
 const MAX_DEPTH: usize = 4;
@@ -199,11 +270,40 @@ fn integer(text: &[u8]) -> Result<i64, RedisError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use redis::IntoConnectionInfo;
 
     fn whole(bytes: &[u8]) -> Value {
         let (value, used) = parse(bytes, 0).unwrap().unwrap();
         assert_eq!(used, bytes.len());
         value
+    }
+
+    fn idle_entries() -> Vec<usize> {
+        IDLE.with_borrow(|table| table.iter().map(|(_, idle)| idle.len()).collect())
+    }
+
+    #[test]
+    fn a_gone_pool_leaves_no_connection_behind_on_its_threads() {
+        let wire = || Wire {
+            socket: Box::new(tokio::io::duplex(64).0),
+            input: Vec::new(),
+            output: Vec::new(),
+        };
+        let info = || "redis://127.0.0.1:1".into_connection_info().unwrap();
+        let old = Pool::new(info());
+        for _ in 0..3 {
+            old.put_back(wire());
+        }
+        assert_eq!(idle_entries(), [IDLE_PER_THREAD], "at most this many kept");
+        drop(old);
+        let new = Pool::new(info());
+        assert!(new.idle().is_none());
+        assert!(
+            idle_entries().is_empty(),
+            "the gone pool's entry was dropped"
+        );
+        new.put_back(wire());
+        assert!(new.idle().is_some());
     }
 
     #[test]
