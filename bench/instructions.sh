@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/instructions.sh: user-space instructions the proxy spends per request (callgrind), for a
 # route without limits, a route decided in Redis, and a hot key answered from the deny cache; and,
-# for the floor under "none", a bare Pingora proxy (examples/bare_pingora.rs) forwarding the same way.
+# for the floors under "none" and "hot", a bare Pingora proxy (examples/bare_pingora.rs) forwarding
+# the same way, and answering every request 429 itself.
 #
 # Instruction counts do not depend on what else the machine is doing, so two commits can be
 # compared on a shared, noisy box where throughput cannot (see bench/compare.sh for throughput).
@@ -116,16 +117,30 @@ for route in "none 200" "redis 200" "hot 429"; do
 done
 
 if ((bare)); then
-    free_port; port=$REPLY
-    valgrind --tool=callgrind --callgrind-out-file="$out.bare" --dump-instr=no \
-        "$bin/examples/bare_pingora" "127.0.0.1:$port" "127.0.0.1:$upstream_port" 2>"$work/bare.log" &
-    pid=$!
-    pids+=($pid)
-    out=$out.bare
-    wait_until 300 "bare Pingora under valgrind" curl -fs -o /dev/null "http://127.0.0.1:$port/"
-    send /none 200 200
-    callgrind_control -z "$pid" >/dev/null
-    send /none "$N" 200
-    ir=$(total)
-    printf '  %-6s %8d   (bare Pingora: the floor under "none")\n' bare $((ir / N))
+    modes=("forward 200 bare")
+    # Earlier commits' example has no `refuse` mode.
+    if [[ $REV == worktree ]]; then
+        example=$(cat examples/bare_pingora.rs)
+    else
+        example=$(git show "$REV:examples/bare_pingora.rs")
+    fi
+    [[ $example == *'"refuse"'* ]] && modes+=("refuse 429 bare-429")
+    for mode in "${modes[@]}"; do
+        read -r how status label <<<"$mode"
+        free_port; port=$REPLY
+        out=$work/callgrind.out.$label
+        valgrind --tool=callgrind --callgrind-out-file="$out" --dump-instr=no \
+            "$bin/examples/bare_pingora" "127.0.0.1:$port" "127.0.0.1:$upstream_port" "$how" 2>"$work/$label.log" &
+        pid=$!
+        pids+=($pid)
+        wait_until 300 "bare Pingora under valgrind" curl -s -o /dev/null "http://127.0.0.1:$port/"
+        send /none 200 "$status"
+        callgrind_control -z "$pid" >/dev/null
+        send /none "$N" "$status"
+        ir=$(total)
+        case $label in
+            bare) printf '  %-6s %8d   (bare Pingora: the floor under "none")\n' bare $((ir / N)) ;;
+            *) printf '  %-6s %8d   (bare Pingora answering 429 itself: the floor under "hot")\n' 429 $((ir / N)) ;;
+        esac
+    done
 fi
