@@ -87,7 +87,7 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
         let client_ip = match request.client {
             Some(ip) if route.keys_on_client_ip() => {
                 let mut text = Vec::with_capacity(39);
-                crate::headers::ip_text(&mut text, ip);
+                crate::text::ip(&mut text, ip);
                 // ASCII digits, dots, colons and hex letters only.
                 String::from_utf8(text).unwrap_or_default()
             }

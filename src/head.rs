@@ -9,6 +9,7 @@
 //! error"), a transfer coding that does not end in `chunked`, and a second `Host`.
 
 use crate::canonical::Refused;
+use crate::text;
 
 /// Where the head in `buf` ends (just past its blank line), if it has arrived whole. Empty lines
 /// before the request line are skipped, as HTTP/1.1 servers must (RFC 9112 §2.2). `from` is where
@@ -80,7 +81,7 @@ pub fn inspect(head: &[u8]) -> Result<Body, Refused> {
         match first {
             b'c' => {
                 for n in value.split(|&b| b == b',').map(trim) {
-                    let n = digits(n).ok_or(Refused::BadFraming)?;
+                    let n = text::digits(n).ok_or(Refused::BadFraming)?;
                     if length.is_some_and(|l| l != n) {
                         return Err(Refused::BadFraming);
                     }
@@ -118,14 +119,6 @@ fn trim(s: &[u8]) -> &[u8] {
         .rposition(|b| !b.is_ascii_whitespace())
         .map_or(start, |e| e + 1);
     &s[start..end]
-}
-
-/// A Content-Length value: ASCII digits only, no sign, not empty, no overflow.
-fn digits(s: &[u8]) -> Option<u64> {
-    if s.is_empty() || s.len() > 19 || !s.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(s.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0')))
 }
 
 #[cfg(test)]

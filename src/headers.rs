@@ -7,6 +7,7 @@
 
 use crate::config::{DenyFormat, Route};
 use crate::limiter::Decision;
+use crate::text;
 use http::HeaderValue;
 
 // Names as static strings, not `HeaderName`s: Pingora turns a `HeaderName` it is given back into
@@ -111,9 +112,9 @@ impl RouteHeaders {
         v.push(b'"');
         v.extend_from_slice(name.as_bytes());
         v.extend_from_slice(b"\";r=");
-        decimal(&mut v, remaining);
+        text::decimal(&mut v, remaining);
         v.extend_from_slice(b";t=");
-        decimal(&mut v, t);
+        text::decimal(&mut v, t);
         v.into()
     }
 
@@ -180,7 +181,7 @@ pub fn refusal_body<'a>(format: &'a DenyFormat, why: &Refusal<'_>) -> (&'a str, 
     match why.retry_after {
         Some(s) => {
             detail.push_str("\" is exhausted; retry in ");
-            detail.push_str(digits(s, &mut [0; 20]));
+            detail.push_str(text::decimal_str(s, &mut [0; 20]));
             detail.push_str(" s");
         }
         None => detail.push_str("\" needs a key this request does not carry"),
@@ -192,7 +193,7 @@ pub fn refusal_body<'a>(format: &'a DenyFormat, why: &Refusal<'_>) -> (&'a str, 
                 .and_then(|s| s.canonical_reason())
                 .unwrap_or("Refused");
             let mut body = String::with_capacity(detail.len() + reason.len() + 8);
-            body.push_str(digits(why.status.into(), &mut [0; 20]));
+            body.push_str(text::decimal_str(why.status.into(), &mut [0; 20]));
             body.push(' ');
             body.push_str(reason);
             body.push_str(": ");
@@ -213,45 +214,6 @@ pub fn refusal_body<'a>(format: &'a DenyFormat, why: &Refusal<'_>) -> (&'a str, 
             ),
         ),
     }
-}
-
-/// Appends `ip` as text, as `Display` writes it: without the formatting machinery for IPv4 (the
-/// client address is written on every request, for `X-Forwarded-For` and for keys).
-pub fn ip_text(out: &mut Vec<u8>, ip: std::net::IpAddr) {
-    match ip {
-        std::net::IpAddr::V4(ip) => {
-            for (i, octet) in ip.octets().into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b'.');
-                }
-                decimal(out, octet.into());
-            }
-        }
-        std::net::IpAddr::V6(ip) => {
-            use std::io::Write;
-            let _ = write!(out, "{ip}");
-        }
-    }
-}
-
-/// Appends `n` in decimal.
-pub fn decimal(out: &mut Vec<u8>, n: u64) {
-    out.extend_from_slice(digits(n, &mut [0; 20]).as_bytes());
-}
-
-/// `n` in decimal, written into `buf`.
-fn digits(mut n: u64, buf: &mut [u8; 20]) -> &str {
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    // Only ASCII digits were written.
-    std::str::from_utf8(&buf[at..]).unwrap_or("0")
 }
 
 fn secs_ceil(us: u64) -> u64 {
@@ -289,22 +251,6 @@ mod tests {
     }
 
     #[test]
-    fn ip_text_writes_as_display_does() {
-        for ip in [
-            "0.0.0.0",
-            "10.0.255.7",
-            "255.255.255.255",
-            "::1",
-            "2001:db8::ff00:42:8329",
-        ] {
-            let ip: std::net::IpAddr = ip.parse().unwrap();
-            let mut out = Vec::new();
-            ip_text(&mut out, ip);
-            assert_eq!(out, ip.to_string().into_bytes());
-        }
-    }
-
-    #[test]
     fn refusal_bodies_read_as_written() {
         let why = |violated, retry_after| Refusal {
             status: 429,
@@ -332,15 +278,6 @@ mod tests {
             json.contains("\"detail\":\"limit 'a', 'b' of route 'api' is exhausted; retry in 1 s\",\"violated-policies\":[\"a\",\"b\"]"),
             "{json}"
         );
-    }
-
-    #[test]
-    fn decimal_writes_every_width() {
-        for n in [0, 7, 10, 99, 12345, u64::MAX] {
-            let mut out = b"x".to_vec();
-            decimal(&mut out, n);
-            assert_eq!(out, format!("x{n}").into_bytes());
-        }
     }
 
     #[test]

@@ -47,5 +47,6 @@ pub mod proxy;
 pub mod reload;
 pub mod route;
 pub mod server;
+pub mod text;
 pub mod throttle;
 pub mod upstream;

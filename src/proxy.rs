@@ -389,7 +389,7 @@ fn forwarded_for(prior: Option<&[u8]>, ip: IpAddr) -> HeaderValue {
         v.extend_from_slice(prior);
         v.extend_from_slice(b", ");
     }
-    headers::ip_text(&mut v, ip);
+    crate::text::ip(&mut v, ip);
     // The prior value was a valid header value, and an address adds only ASCII.
     HeaderValue::from_maybe_shared(Bytes::from(v)).unwrap_or_else(|_| HeaderValue::from_static(""))
 }

@@ -7,7 +7,7 @@
 //! task and back over channels, and its general parser cost more than the script. Here the driver
 //! writes and reads the socket itself, and the reply is read by a parser for RESP2's five types.
 //! redis-rs still encodes the commands, makes every error a `RedisError`, and does everything off
-//! this path (TLS, Cluster, Sentinel).
+//! this path (TLS, Cluster, asking sentinels for their primary).
 
 use redis::{Cmd, ConnectionAddr, ConnectionInfo, RedisError, Value};
 use std::cell::RefCell;
@@ -63,24 +63,27 @@ impl Pool {
         result
     }
 
+    /// Whether a thread-local entry is this pool's.
+    fn owns(&self, entry: &Weak<()>) -> bool {
+        std::ptr::eq(entry.as_ptr(), Arc::as_ptr(&self.alive))
+    }
+
     fn idle(&self) -> Option<Wire> {
         IDLE.with_borrow_mut(|table| {
             table.retain(|(pool, _)| pool.strong_count() > 0);
-            let me = Arc::downgrade(&self.alive);
-            let (_, idle) = table.iter_mut().find(|(pool, _)| pool.ptr_eq(&me))?;
+            let (_, idle) = table.iter_mut().find(|(pool, _)| self.owns(pool))?;
             idle.pop()
         })
     }
 
     fn put_back(&self, wire: Wire) {
-        IDLE.with_borrow_mut(|table| {
-            let me = Arc::downgrade(&self.alive);
-            match table.iter_mut().find(|(pool, _)| pool.ptr_eq(&me)) {
+        IDLE.with_borrow_mut(
+            |table| match table.iter_mut().find(|(pool, _)| self.owns(pool)) {
                 Some((_, idle)) if idle.len() < IDLE_PER_THREAD => idle.push(wire),
                 Some(_) => {}
-                None => table.push((me, vec![wire])),
-            }
-        })
+                None => table.push((Arc::downgrade(&self.alive), vec![wire])),
+            },
+        )
     }
 }
 
@@ -247,23 +250,15 @@ fn parse(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, RedisError>
     Ok(Some((value, after)))
 }
 
-/// A reply's integer: an optional minus and up to 18 digits (every count and number this proxy
-/// reads is far smaller).
+/// A reply's integer: an optional minus, then digits.
 fn integer(text: &[u8]) -> Result<i64, RedisError> {
     let (negative, digits) = match text.split_first() {
         Some((b'-', rest)) => (true, rest),
         _ => (false, text),
     };
-    if digits.is_empty() || digits.len() > 18 {
-        return Err(protocol("an integer that is not one"));
-    }
-    let mut n: i64 = 0;
-    for &d in digits {
-        if !d.is_ascii_digit() {
-            return Err(protocol("an integer that is not one"));
-        }
-        n = n * 10 + i64::from(d - b'0');
-    }
+    let n = crate::text::digits(digits)
+        .and_then(|n| i64::try_from(n).ok())
+        .ok_or_else(|| protocol("an integer that is not one"))?;
     Ok(if negative { -n } else { n })
 }
 
@@ -361,7 +356,7 @@ mod tests {
             b":x\r\n",
             b":\r\n",
             b":-\r\n",
-            b":1234567890123456789\r\n",
+            b":9223372036854775808\r\n",
             b":+1\r\n",
             b":1\r2\r\n",
             b"\r\n",
