@@ -204,7 +204,7 @@ fn a_tcp_url_with_a_password_and_a_database_number() {
          routes:\n  - name: api\n    upstream: \"{}\"\n    on_redis_error: closed\n    limits: [{{ name: l, capacity: 10, refill: \"1/h\" }}]\n",
         upstream.addr
     ));
-    // Several requests, so that each worker thread has its own connection open.
+    // Several requests, so that each worker thread most likely has a connection open to be killed.
     let mut left = 10;
     let mut next = |proxy: &Proxy| {
         left -= 1;
