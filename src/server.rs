@@ -5,14 +5,14 @@
 use crate::admin::Admin;
 use crate::bind::{bind, BindError, Bound, PreBound};
 use crate::clock::{Clock, SystemClock};
-use crate::config::{ClockSource, Config, RedisTarget};
+use crate::config::{ClockSource, Config, RedisTarget, StateFormat};
 use crate::deny_cache::DenyCache;
 use crate::downstream::Connections;
 use crate::gate::Gate;
 use crate::health::HealthChecker;
 use crate::limiter::memory::MemoryLimiter;
 use crate::limiter::redis::{
-    Cluster, RedisLimiter, RedisOptions, Security, Sentinel, Standalone, Topology,
+    Cluster, Format, RedisLimiter, RedisOptions, Security, Sentinel, Standalone, Topology,
 };
 use crate::limiter::{Limiter, LimiterError};
 use crate::metrics::Metrics;
@@ -127,6 +127,10 @@ pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), Start
             let options = RedisOptions {
                 timeout: redis.timeout,
                 clock,
+                format: match redis.state_format {
+                    StateFormat::Hash => Format::Hash,
+                    StateFormat::Packed => Format::Packed,
+                },
                 metrics,
             };
             serve(

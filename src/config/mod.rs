@@ -58,6 +58,7 @@ pub struct RedisSettings {
     pub timeout: Duration,
     pub key_prefix: String,
     pub clock: ClockSource,
+    pub state_format: StateFormat,
 }
 
 /// How long a client may take and how much it may hold; nginx's and Envoy's defaults in mind.
@@ -114,6 +115,20 @@ words! {
         Redis = "redis",
         /// The proxy's own clock: skew between proxies can over-admit by at most refill × skew.
         Proxy = "proxy",
+    }
+}
+
+words! {
+    /// How buckets are stored in Redis (`lua/token_bucket.lua`, "State"). Every proxy reads both;
+    /// what differs is what it writes.
+    pub enum StateFormat {
+        /// A hash of `v`, `t`, `s`: what every version reads, so a fleet that still runs proxies
+        /// of an earlier version keeps one bucket per client.
+        Hash = "hash",
+        /// One 24-byte string, read by one `MGET` per call and written by `SET … PX`: less Redis
+        /// CPU and memory per decision, but proxies of versions before it would read such a key
+        /// as foreign and reset it, so it is for fleets where every proxy reads it.
+        Packed = "packed",
     }
 }
 

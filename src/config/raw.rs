@@ -42,6 +42,7 @@ pub(super) struct RawRedis {
     pub timeout_ms: Option<u64>,
     pub key_prefix: Option<String>,
     pub clock: Option<String>,
+    pub state_format: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,8 +1,9 @@
 //! `lua/token_bucket.lua` on its own, with the caller's clock so time is exact: refill arithmetic,
 //! expiry, reply types, all-or-nothing, and step-for-step agreement with the Rust mirror.
 
-use crate::support::lua::{Script, T0};
+use crate::support::lua::{pack, stored, type_of, Script, T0};
 use ratelimit_proxy::limiter::bucket::{evaluate, State};
+use ratelimit_proxy::limiter::redis::Format;
 use ratelimit_proxy::limiter::{BucketParams, Decision, LimitState};
 use redis::Value;
 
@@ -104,6 +105,90 @@ fn state_is_integer_strings_and_expires_only_once_full() {
     let pttl: i64 = s.redis.cmd(&["PTTL", "k"]);
     // 4 tokens to refill at 1/s = 4 s, plus the 1 s margin.
     assert!((4_000..=5_000).contains(&pttl), "PTTL {pttl}");
+}
+
+/// `state_format: packed`: one 24-byte string of three exact doubles, with the same expiry.
+#[test]
+fn packed_state_is_three_exact_doubles_and_expires_only_once_full() {
+    let s = Script::writing(Format::Packed);
+    let p = BucketParams {
+        capacity: 10,
+        scale: 1_000_000,
+        num: 1,
+        cost: 4,
+    }; // 1 token/s
+    assert!(s.eval(&["k"], T0, &[p]).allowed);
+    let bytes: Vec<u8> = s.redis.cmd(&["GET", "k"]);
+    assert_eq!(bytes, pack([6_000_000, T0, 1_000_000]));
+    let pttl: i64 = s.redis.cmd(&["PTTL", "k"]);
+    assert!((4_000..=5_000).contains(&pttl), "PTTL {pttl}");
+    // What the script's header says an operator can run to read one.
+    let by_hand: Vec<i64> = s.redis.cmd(&[
+        "EVAL",
+        "return {struct.unpack('<ddd', redis.call('GET', KEYS[1]))}",
+        "1",
+        "k",
+    ]);
+    assert_eq!(by_hand[..3], [6_000_000, T0 as i64, 1_000_000]);
+}
+
+/// A fleet turning `state_format: packed` on has proxies writing each format for a while: a key
+/// changes type with the writer, and every write continues from what the other one left.
+#[test]
+fn hash_and_packed_writers_continue_each_others_buckets() {
+    let s = Script::load();
+    let p = per_second(4, 1);
+    for (n, format) in [Format::Hash, Format::Packed, Format::Hash, Format::Packed]
+        .into_iter()
+        .enumerate()
+    {
+        let d = s.batch_in(format, &[(vec!["k"], vec![p])], T0).remove(0);
+        assert!(d.allowed, "request {n}");
+        assert_eq!(
+            d.limits[0].remaining,
+            3 - n as u64,
+            "request {n} ({format:?})"
+        );
+        let kind: String = s.redis.cmd(&["TYPE", "k"]);
+        assert_eq!(kind, type_of(format));
+        assert_eq!(
+            stored(&s.redis, "k"),
+            Some([(3 - n as u64) * 1_000_000, T0, 1_000_000])
+        );
+    }
+    for format in [Format::Hash, Format::Packed] {
+        let d = s.batch_in(format, &[(vec!["k"], vec![p])], T0).remove(0);
+        assert!(!d.allowed, "{format:?}: empty, whoever wrote it last");
+    }
+}
+
+/// Why `packed` is a switch and not the default: the previous version's script reads a packed key
+/// as something else and starts it over as a full bucket, so a fleet that still runs it would
+/// admit more than the limit.
+#[test]
+fn the_previous_version_would_start_a_packed_bucket_over() {
+    let s = Script::writing(Format::Packed);
+    let p = per_second(2, 1);
+    assert!(s.eval(&["k"], T0, &[p]).allowed);
+    assert!(s.eval(&["k"], T0, &[p]).allowed);
+    assert!(!s.eval(&["k"], T0, &[p]).allowed);
+    let mut c = s.redis.connection().unwrap();
+    let reply: Vec<i64> = redis::cmd("EVALSHA")
+        .arg(&s.previous_sha)
+        .arg(1)
+        .arg("k")
+        .arg(T0)
+        .arg(p.capacity)
+        .arg(p.scale)
+        .arg(p.num)
+        .arg(p.cost)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(
+        reply,
+        [1, 1_000_000, 0, 1],
+        "admitted from a full bucket, key reported bad"
+    );
 }
 
 #[test]
@@ -230,47 +315,78 @@ fn the_script_and_the_rust_mirror_agree_step_for_step() {
 /// rewrites it as a full bucket, gives it a TTL, says so, and the limit holds from that request on.
 #[test]
 fn a_key_that_holds_something_else_is_rewritten_and_the_limit_holds() {
-    let s = Script::load();
     let p = per_second(3, 1);
-    let poisons: [&[&str]; 7] = [
-        &["SET", "k", "not a bucket"],
-        &["LPUSH", "k", "a", "b"],
-        &["HSET", "k", "owner", "someone else"],
-        &["HSET", "k", "v", "many", "t", "1", "s", "1000000"],
-        &["HSET", "k", "v", "1000000"],
-        &["HSET", "k", "v", "-5", "t", "1800000000000000"],
-        &["HSET", "k", "v", "1", "t", "1800000000000000", "s", "0"],
+    let set = |value: Vec<u8>| {
+        let mut c = redis::cmd("SET");
+        c.arg("k").arg(value);
+        c
+    };
+    let doubles = |v: f64, t: f64, s: f64| -> Vec<u8> {
+        [v, t, s].iter().flat_map(|x| x.to_le_bytes()).collect()
+    };
+    let cmd = |args: &[&str]| {
+        let mut c = redis::cmd(args[0]);
+        c.arg(&args[1..]);
+        c
+    };
+    let t0 = T0 as f64;
+    let poisons = [
+        cmd(&["SET", "k", "not a bucket"]),
+        cmd(&["LPUSH", "k", "a", "b"]),
+        cmd(&["HSET", "k", "owner", "someone else"]),
+        cmd(&["HSET", "k", "v", "many", "t", "1", "s", "1000000"]),
+        cmd(&["HSET", "k", "v", "1000000"]),
+        cmd(&["HSET", "k", "v", "-5", "t", "1800000000000000"]),
+        cmd(&["HSET", "k", "v", "1", "t", "1800000000000000", "s", "0"]),
+        // Packed look-alikes: 24 bytes that are not three whole numbers, or a wrong length.
+        set(doubles(f64::NAN, t0, 1e6)),
+        set(doubles(-5.0, t0, 1e6)),
+        set(doubles(1.5, t0, 1e6)),
+        set(doubles(1.0, f64::INFINITY, 1e6)),
+        set(doubles(1.0, t0, 0.0)),
+        set(pack([1, T0, 1_000_000])[..23].to_vec()),
     ];
-    for poison in poisons {
-        let _: () = s.redis.cmd(&["FLUSHALL"]);
-        let _: redis::Value = s.redis.cmd(poison);
-        let Value::Array(reply) = s.raw(&["k"], Some(T0), &[p]) else {
-            panic!("{poison:?}: not an array")
-        };
-        assert_eq!(
-            reply,
-            [
-                Value::Int(1),
-                Value::Int(2_000_000),
-                Value::Int(0),
-                Value::Int(1)
-            ],
-            "{poison:?}: admitted from a full bucket, the key reported as bad"
-        );
-        let fields: Vec<String> = s.redis.cmd(&["HKEYS", "k"]);
-        assert_eq!(
-            fields,
-            ["v", "t", "s"],
-            "{poison:?}: rewritten from scratch"
-        );
-        let ttl: i64 = s.redis.cmd(&["PTTL", "k"]);
-        assert!(ttl > 0, "{poison:?}: the key expires again ({ttl})");
-        let d = s.eval(&["k"], T0, &[p]);
-        assert_eq!(d.limits[0].remaining, 1, "{poison:?}: a bucket again");
-        assert!(s.eval(&["k"], T0, &[p]).allowed);
-        assert!(
-            !s.eval(&["k"], T0, &[p]).allowed,
-            "{poison:?}: the limit holds"
-        );
+    for format in [Format::Hash, Format::Packed] {
+        let s = Script::writing(format);
+        for poison in &poisons {
+            let _: () = s.redis.cmd(&["FLUSHALL"]);
+            let mut c = s.redis.connection().unwrap();
+            let _: redis::Value = poison.query(&mut c).unwrap();
+            let Value::Array(reply) = s.raw(&["k"], Some(T0), &[p]) else {
+                panic!("{format:?}, {poison:?}: not an array")
+            };
+            assert_eq!(
+                reply,
+                [
+                    Value::Int(1),
+                    Value::Int(2_000_000),
+                    Value::Int(0),
+                    Value::Int(1)
+                ],
+                "{format:?}, {poison:?}: admitted from a full bucket, the key reported as bad"
+            );
+            assert_eq!(
+                stored(&s.redis, "k"),
+                Some([2_000_000, T0, 1_000_000]),
+                "{format:?}, {poison:?}: rewritten from scratch"
+            );
+            let kind: String = s.redis.cmd(&["TYPE", "k"]);
+            assert_eq!(kind, type_of(format), "{poison:?}");
+            let ttl: i64 = s.redis.cmd(&["PTTL", "k"]);
+            assert!(
+                ttl > 0,
+                "{format:?}, {poison:?}: the key expires again ({ttl})"
+            );
+            let d = s.eval(&["k"], T0, &[p]);
+            assert_eq!(
+                d.limits[0].remaining, 1,
+                "{format:?}, {poison:?}: a bucket again"
+            );
+            assert!(s.eval(&["k"], T0, &[p]).allowed);
+            assert!(
+                !s.eval(&["k"], T0, &[p]).allowed,
+                "{format:?}, {poison:?}: the limit holds"
+            );
+        }
     }
 }

@@ -8,7 +8,8 @@ use std::path::Path;
 use std::process::Command;
 
 /// The password comes from the environment (`redis.password_env`), and the proxy needs no more
-/// than this ACL: its keys, EVALSHA, SCRIPT LOAD, PING, and the commands the script runs.
+/// than this ACL: its keys, EVALSHA, SCRIPT LOAD, PING, and the commands the script runs in
+/// either `state_format` (each also reads the other's buckets).
 #[test]
 fn a_least_privilege_acl_user_with_its_password_from_the_environment() {
     let redis = RedisServer::start_with(&["--requirepass", "admin-secret"]);
@@ -25,33 +26,42 @@ fn a_least_privilege_acl_user_with_its_password_from_the_environment() {
         "+hmget",
         "+hset",
         "+pexpire",
+        "+mget",
+        "+get",
+        "+set",
+        "+type",
         "+time",
         "+exists",
         "+del",
     ]);
     let upstream = Upstream::start();
-    let config = |url: &str| {
+    let config = |url: &str, format: &str| {
         format!(
-            "listen: \"{{listen}}\"\nadmin: \"{{admin}}\"\nredis:\n  url: \"{url}\"\n  password_env: RL_TEST_REDIS_PASSWORD\n  timeout_ms: 2000\n\
+            "listen: \"{{listen}}\"\nadmin: \"{{admin}}\"\nredis:\n  url: \"{url}\"\n  password_env: RL_TEST_REDIS_PASSWORD\n  timeout_ms: 2000\n  state_format: {format}\n\
              routes:\n  - name: api\n    upstream: \"{}\"\n    on_redis_error: closed\n    limits: [{{ name: l, capacity: 2, refill: \"1/h\" }}]\n",
             upstream.addr
         )
     };
     let url = format!("{}?user=limiter", redis.url());
-    let proxy = Proxy::start_with_env(
-        &config(&url),
-        &[("RL_TEST_REDIS_PASSWORD", "limiter-secret")],
-    );
+    let env = [("RL_TEST_REDIS_PASSWORD", "limiter-secret")];
+    let packed = Proxy::start_with_env(&config(&url, "packed"), &env);
     assert_eq!(
-        proxy.get("/", &[]).header("x-ratelimit-remaining"),
+        packed.get("/", &[]).header("x-ratelimit-remaining"),
         Some("1")
     );
-    assert_eq!(proxy.get("/", &[]).status, 200);
-    assert_eq!(proxy.get("/", &[]).status, 429);
-    assert_eq!(proxy.admin_get("/readyz").status, 200);
+    assert_eq!(packed.get("/", &[]).status, 200);
+    assert_eq!(packed.get("/", &[]).status, 429);
+    assert_eq!(packed.admin_get("/readyz").status, 200);
+    // Decided (a 429, not this closed route's 503) from the packed bucket.
+    let hash = Proxy::start_with_env(&config(&url, "hash"), &env);
+    let r = hash.get("/", &[]);
+    assert_eq!(
+        (r.status, r.header("x-ratelimit-remaining")),
+        (429, Some("0"))
+    );
 
     // A wrong password is a failed decision like any other: this route fails closed.
-    let wrong = Proxy::start_with_env(&config(&url), &[("RL_TEST_REDIS_PASSWORD", "nope")]);
+    let wrong = Proxy::start_with_env(&config(&url, "hash"), &[("RL_TEST_REDIS_PASSWORD", "nope")]);
     assert_eq!(wrong.get("/", &[]).status, 503);
     assert_eq!(wrong.admin_get("/readyz").status, 503);
     assert_eq!(upstream.hits(), 2);

@@ -65,6 +65,13 @@ impl Validator<'_> {
         let clock = self
             .word(None, vec![key("redis"), key("clock")], raw.clock.as_deref())
             .unwrap_or(ClockSource::Redis);
+        let state_format = self
+            .word(
+                None,
+                vec![key("redis"), key("state_format")],
+                raw.state_format.as_deref(),
+            )
+            .unwrap_or(StateFormat::Hash);
         (self.problems.len() == before).then(|| RedisSettings {
             target: target.expect("no problem means a target"),
             password_env,
@@ -73,6 +80,7 @@ impl Validator<'_> {
             timeout: Duration::from_millis(timeout_ms),
             key_prefix,
             clock,
+            state_format,
         })
     }
 

@@ -41,6 +41,27 @@ use std::time::{Duration, Instant};
 /// The script, compiled into the binary so it always matches the code that parses its reply.
 pub const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua");
 
+/// The format buckets are written in (both are read, so proxies writing either share buckets
+/// exactly): the script's `ARGV[2]`, see "State" in `lua/token_bucket.lua`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    /// A hash of `v`, `t`, `s`: read by every version of the script.
+    #[default]
+    Hash,
+    /// One 24-byte string: one `MGET` per call and one `SET … PX` per write.
+    Packed,
+}
+
+impl Format {
+    /// The script's word for it.
+    pub fn word(self) -> &'static str {
+        match self {
+            Format::Hash => "hash",
+            Format::Packed => "packed",
+        }
+    }
+}
+
 /// How a Redis deployment is reached: a standalone server, a cluster, or sentinels' primary. Each
 /// knows its own way back after an error (reconnect, follow a failover); the limiter around it
 /// keeps the script, the deadline, the breaker and the reply the same for all.
@@ -128,6 +149,7 @@ pub struct Caller {
     timeout: Duration,
     /// `None`: the script reads Redis `TIME`.
     clock: Option<Box<dyn Clock>>,
+    format: Format,
     metrics: Metrics,
 }
 
@@ -150,7 +172,7 @@ impl Caller {
             .collect();
         // Sized once: arguments are a key or a number each (a key's bytes counted, 20 per number).
         let keys: usize = jobs.iter().flat_map(|j| &j.keys).map(String::len).sum();
-        let args = 4 + numbers.len() * 2 + jobs.len() + limits.len() * 4;
+        let args = 5 + numbers.len() * 2 + jobs.len() + limits.len() * 4;
         let mut cmd = redis::Cmd::with_capacity(args, keys + 40 + (args - numbers.len()) * 20);
         cmd.arg("EVALSHA")
             .arg(self.script.get_hash())
@@ -164,7 +186,7 @@ impl Caller {
             Some(clock) => cmd.arg(clock.now_us()),
             None => cmd.arg(""),
         };
-        cmd.arg(limits.len());
+        cmd.arg(self.format.word()).arg(limits.len());
         for p in &limits {
             cmd.arg(p.capacity).arg(p.scale).arg(p.num).arg(p.cost);
         }
@@ -227,6 +249,8 @@ pub struct RedisOptions {
     pub timeout: Duration,
     /// `None`: the script reads Redis `TIME`.
     pub clock: Option<Box<dyn Clock>>,
+    /// What buckets are written as.
+    pub format: Format,
     pub metrics: Metrics,
 }
 
@@ -248,6 +272,7 @@ impl RedisLimiter {
             script: Script::new(TOKEN_BUCKET_LUA),
             timeout: options.timeout,
             clock: options.clock,
+            format: options.format,
             metrics: options.metrics.clone(),
         });
         RedisLimiter {

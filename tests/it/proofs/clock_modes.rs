@@ -23,7 +23,7 @@ use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::TestCaseError;
 use ratelimit_proxy::clock::{Clock, ManualClock, SystemClock};
-use ratelimit_proxy::limiter::redis::{RedisLimiter, RedisOptions, Security, Standalone};
+use ratelimit_proxy::limiter::redis::{Format, RedisLimiter, RedisOptions, Security, Standalone};
 use ratelimit_proxy::limiter::{Bucket, BucketParams, Limiter};
 use ratelimit_proxy::metrics::Metrics;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -81,6 +81,7 @@ fn proxy(redis: &RedisServer, clock: Option<Box<dyn Clock>>) -> RedisLimiter {
     let options = RedisOptions {
         timeout,
         clock,
+        format: Format::Hash,
         metrics,
     };
     RedisLimiter::new(Box::new(topology), options)

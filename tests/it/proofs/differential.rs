@@ -12,7 +12,7 @@
 //! proofs::differential`).
 
 use super::{check, SetClock};
-use crate::support::lua::{decision, Request, Script, T0};
+use crate::support::lua::{decision, stored, type_of, Request, Script, T0};
 use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::TestCaseError;
@@ -22,6 +22,7 @@ use ratelimit_proxy::deny_cache::{Consult, DenyCache};
 use ratelimit_proxy::headers::RouteHeaders;
 use ratelimit_proxy::limiter::bucket::{evaluate, State};
 use ratelimit_proxy::limiter::memory::MemoryLimiter;
+use ratelimit_proxy::limiter::redis::Format;
 use ratelimit_proxy::limiter::Decision;
 use ratelimit_proxy::limiter::{Bucket, BucketParams};
 use redis::Value;
@@ -257,7 +258,6 @@ fn replay(s: &Script, h: &History) -> Result<(), TestCaseError> {
             .add_command(s.invocation(&keys, Some(now), &params));
         for key in &keys {
             tx.cmd("PTTL").arg(*key);
-            tx.cmd("HMGET").arg(*key).arg("v").arg("t").arg("s");
             tx.cmd("PERSIST").arg(*key).ignore();
         }
         let replies: Vec<Value> = tx.query(&mut conn).expect("MULTI");
@@ -280,19 +280,23 @@ fn replay(s: &Script, h: &History) -> Result<(), TestCaseError> {
         prop_assert_eq!(&lua, &in_memory, "Lua vs the in-memory store at {}", at());
         prop_assert_eq!(&lua, &rust, "Lua vs bucket::evaluate at {}", at());
         for (j, ((_, p), state)) in picked.iter().zip(&states).enumerate() {
-            let pttl = match replies[1 + 2 * j] {
+            let pttl = match replies[1 + j] {
                 Value::Int(ms) => ms,
                 ref other => panic!("PTTL: {other:?}"),
             };
-            let stored: Vec<Option<u64>> =
-                redis::from_redis_value(replies[2 + 2 * j].clone()).expect("HMGET v t s");
-            let expected = match state {
-                Some(st) => vec![Some(st.v), Some(st.t), Some(st.scale)],
-                None => vec![None; 3],
-            };
+            // Unchanging now that it no longer expires: read in the format written.
+            let kind: String = s.redis.cmd(&["TYPE", keys[j]]);
+            let expected = state.map(|st| [st.v, st.t, st.scale]);
             prop_assert_eq!(
-                &stored,
-                &expected,
+                (stored(&s.redis, keys[j]), kind.as_str()),
+                (
+                    expected,
+                    if expected.is_some() {
+                        type_of(s.format)
+                    } else {
+                        "none"
+                    }
+                ),
                 "stored v, t, s of {} at {}",
                 keys[j],
                 at()
@@ -323,6 +327,12 @@ fn the_script_and_the_in_memory_store_decide_alike_on_random_histories() {
     check(file!(), 128, history(1..=40), |h| replay(&s, &h));
 }
 
+#[test]
+fn the_script_writing_packed_buckets_and_the_in_memory_store_decide_alike_on_random_histories() {
+    let s = Script::writing(Format::Packed);
+    check(file!(), 128, history(1..=40), |h| replay(&s, &h));
+}
+
 /// `cargo test --test it proofs::differential -- --ignored` (about 2.5 minutes on 2 cores).
 #[test]
 #[ignore = "long variant: 4,000 histories of up to 200 steps"]
@@ -341,22 +351,28 @@ enum Call {
     Starts,
     /// Alone, from a proxy of the previous version (`PREVIOUS_LUA`), sharing the Redis.
     Previous,
+    /// First of a new call, from a proxy writing the other format.
+    Other,
 }
 
-fn calls(n: usize) -> impl Strategy<Value = Vec<Call>> {
+/// How `n` steps reach Redis: with `Previous` calls while a fleet still runs the previous version
+/// (its proxies write hashes), or with `Other` calls once every proxy reads both formats and some
+/// write packed buckets: the two phases of turning `state_format: packed` on.
+fn calls(n: usize, odd_one: Call) -> impl Strategy<Value = Vec<Call>> {
     let call = prop_oneof![
         4 => Just(Call::Joins),
         2 => Just(Call::Starts),
-        1 => Just(Call::Previous),
+        1 => Just(odd_one),
     ];
     prop::collection::vec(call, n)
 }
 
 /// Replays `h` in batches, as proxies send it: runs of steps are decided by one call each, in
 /// order, at the instant of the run's first step; now and then a step goes alone through the
-/// previous version's script, as during a rolling upgrade. Every request's decision must be the
-/// one the in-memory store gives deciding the same requests one by one at the same instants: a
-/// batch decides as its requests would alone, and the two versions read each other's buckets.
+/// previous version's script, or a call comes from a proxy writing the other format, as during a
+/// rolling upgrade. Every request's decision must be the one the in-memory store gives deciding
+/// the same requests one by one at the same instants: a batch decides as its requests would
+/// alone, and the versions and formats read each other's buckets.
 fn replay_batched(s: &Script, h: &History, how: &[Call]) -> Result<(), TestCaseError> {
     let mut conn = s.redis.connection().unwrap();
     let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
@@ -385,7 +401,12 @@ fn replay_batched(s: &Script, h: &History, how: &[Call]) -> Result<(), TestCaseE
                 i += 1;
             }
             let batch: Vec<Request<'_>> = h.steps[start..i].iter().map(request).collect();
-            s.batch(&batch, now)
+            let format = match (how[start], s.format) {
+                (Call::Other, Format::Hash) => Format::Packed,
+                (Call::Other, Format::Packed) => Format::Hash,
+                (_, format) => format,
+            };
+            s.batch_in(format, &batch, now)
         };
         for (j, (step, lua)) in h.steps[start..i].iter().zip(&lua).enumerate() {
             let (keys, params) = request(step);
@@ -408,7 +429,14 @@ fn replay_batched(s: &Script, h: &History, how: &[Call]) -> Result<(), TestCaseE
 #[test]
 fn batched_calls_and_the_previous_script_decide_as_the_in_memory_store_one_by_one() {
     let s = Script::load();
-    let cases = (history(1..=40), calls(40));
+    let cases = (history(1..=40), calls(40, Call::Previous));
+    check(file!(), 128, cases, |(h, how)| replay_batched(&s, &h, &how));
+}
+
+#[test]
+fn batched_calls_writing_packed_buckets_and_hashes_decide_as_the_in_memory_store_one_by_one() {
+    let s = Script::writing(Format::Packed);
+    let cases = (history(1..=40), calls(40, Call::Other));
     check(file!(), 128, cases, |(h, how)| replay_batched(&s, &h, &how));
 }
 
@@ -417,7 +445,7 @@ fn batched_calls_and_the_previous_script_decide_as_the_in_memory_store_one_by_on
 #[ignore = "long variant: 4,000 histories of up to 200 steps"]
 fn batched_calls_and_the_previous_script_decide_as_the_in_memory_store_on_long_histories() {
     let s = Script::load();
-    let cases = (history(1..=200), calls(200));
+    let cases = (history(1..=200), calls(200, Call::Previous));
     check(file!(), 4_000, cases, |(h, how)| {
         replay_batched(&s, &h, &how)
     });

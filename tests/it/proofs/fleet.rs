@@ -16,6 +16,7 @@
 //! while the first request is on its way. Real runs reach 99-100 %.
 
 use crate::support::http::send_raw;
+use crate::support::lua::stored;
 use crate::support::proxy::Proxy;
 use crate::support::redis::RedisServer;
 use crate::support::upstream::Upstream;
@@ -42,19 +43,26 @@ struct Tally {
 }
 
 impl Fleet {
-    /// Three proxies on one config text (each with its own ports), one Redis, one upstream.
-    fn start(capacity: u64, refill: &str) -> Fleet {
+    /// Three proxies on one config text (each with its own ports and `state_format`), one Redis,
+    /// one upstream.
+    fn start(capacity: u64, refill: &str, formats: [&str; 3]) -> Fleet {
         let redis = RedisServer::start();
         let upstream = Upstream::start();
         // A closed route: a decision that fails is a 503, never an unaccounted admission.
         // A generous budget: a loaded machine must not turn decisions into failures.
         let yaml = format!(
-            "listen: \"{{listen}}\"\nadmin: \"{{admin}}\"\nredis:\n  url: \"{}\"\n  timeout_ms: 5000\n  clock: redis\non_redis_error: closed\nroutes:\n  - name: fleet\n    upstream: \"{}\"\n    limits:\n      - {{ name: shared, capacity: {capacity}, refill: \"{refill}\", key: \"header:X-Client\" }}\n",
+            "listen: \"{{listen}}\"\nadmin: \"{{admin}}\"\nredis:\n  url: \"{}\"\n  timeout_ms: 5000\n  clock: redis\n  state_format: FORMAT\non_redis_error: closed\nroutes:\n  - name: fleet\n    upstream: \"{}\"\n    limits:\n      - {{ name: shared, capacity: {capacity}, refill: \"{refill}\", key: \"header:X-Client\" }}\n",
             redis.url(),
             upstream.addr
         );
         let proxies = std::thread::scope(|s| {
-            let starting: Vec<_> = (0..3).map(|_| s.spawn(|| Proxy::start(&yaml))).collect();
+            let starting: Vec<_> = formats
+                .iter()
+                .map(|f| {
+                    let yaml = yaml.replace("FORMAT", f);
+                    s.spawn(move || Proxy::start(&yaml))
+                })
+                .collect();
             starting
                 .into_iter()
                 .map(|h| h.join().expect("proxy start"))
@@ -136,18 +144,12 @@ impl Fleet {
         total
     }
 
-    /// The stored `v` and `t` of `client`'s bucket.
+    /// The stored `v` and `t` of `client`'s bucket, in whichever format it was written last.
     fn state(&self, client: &str) -> (u64, u64) {
         let key = format!("rl:{{fleet:{client}}}:shared");
-        let fields: Vec<Option<String>> = self.redis.cmd(&["HMGET", &key, "v", "t"]);
-        let n = |i: usize| -> u64 {
-            fields[i]
-                .as_ref()
-                .unwrap_or_else(|| panic!("{key} expired before it was read"))
-                .parse()
-                .unwrap()
-        };
-        (n(0), n(1))
+        let [v, t, _] =
+            stored(&self.redis, &key).unwrap_or_else(|| panic!("{key} expired before it was read"));
+        (v, t)
     }
 }
 
@@ -158,8 +160,9 @@ fn fleet_holds_the_bound(
     per_second: u64,
     threads: usize,
     secs: u64,
+    formats: [&str; 3],
 ) {
-    let fleet = Fleet::start(capacity, &format!("{per_second}/s"));
+    let fleet = Fleet::start(capacity, &format!("{per_second}/s"), formats);
     let rate = super::limit(capacity, &format!("{per_second}/s"), 1);
     let (scale, num) = (u128::from(rate.scale), u128::from(rate.num));
     let tokens = |us: u64| (u128::from(us) * num / scale) as u64;
@@ -237,18 +240,40 @@ fn fleet_holds_the_bound(
 /// rest keep the bucket under pressure, even when the machine is loaded.
 #[test]
 fn three_proxies_admit_one_key_no_more_than_capacity_plus_rate_times_elapsed() {
-    fleet_holds_the_bound(&["alice"], 60, 100, 16, 3);
+    fleet_holds_the_bound(&["alice"], 60, 100, 16, 3, ["hash"; 3]);
 }
 
 /// 4 × 25/s: the same 100 admissions a second as with one key.
 #[test]
 fn three_proxies_hold_the_bound_for_several_keys_at_once() {
-    fleet_holds_the_bound(&["alice", "bob", "carol", "dave"], 25, 25, 16, 3);
+    fleet_holds_the_bound(
+        &["alice", "bob", "carol", "dave"],
+        25,
+        25,
+        16,
+        3,
+        ["hash"; 3],
+    );
+}
+
+/// The middle of turning `state_format: packed` on, one proxy after the other: proxies writing
+/// either format share every bucket (keys change type with their last writer).
+#[test]
+fn three_proxies_writing_packed_buckets_and_hashes_hold_the_bound() {
+    let formats = ["packed", "hash", "packed"];
+    fleet_holds_the_bound(&["alice", "bob", "carol", "dave"], 25, 25, 16, 3, formats);
 }
 
 /// `cargo test --test it proofs::fleet -- --ignored` (about 35 s).
 #[test]
 #[ignore = "long variant: 30 s, 24 client threads, 4 keys"]
 fn three_proxies_hold_the_bound_for_thirty_seconds() {
-    fleet_holds_the_bound(&["alice", "bob", "carol", "dave"], 50, 40, 24, 30);
+    fleet_holds_the_bound(
+        &["alice", "bob", "carol", "dave"],
+        50,
+        40,
+        24,
+        30,
+        ["hash"; 3],
+    );
 }

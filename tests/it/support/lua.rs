@@ -3,7 +3,7 @@
 //! can be compared with `bucket::evaluate` field for field.
 
 use super::redis::RedisServer;
-use ratelimit_proxy::limiter::redis::{parse_reply, TOKEN_BUCKET_LUA};
+use ratelimit_proxy::limiter::redis::{parse_reply, Format, TOKEN_BUCKET_LUA};
 use ratelimit_proxy::limiter::{Bucket, BucketParams, Decision};
 use redis::Value;
 
@@ -19,13 +19,20 @@ pub struct Script {
     pub sha: String,
     /// `PREVIOUS_LUA`, loaded beside it.
     pub previous_sha: String,
+    /// What the calls below write buckets as (`batch_in` chooses per call).
+    pub format: Format,
 }
 
 /// One request of a batch: its buckets and their limits.
 pub type Request<'a> = (Vec<&'a str>, Vec<BucketParams>);
 
 impl Script {
+    /// The script writing hashes, as proxies do by default.
     pub fn load() -> Script {
+        Script::writing(Format::Hash)
+    }
+
+    pub fn writing(format: Format) -> Script {
         let redis = RedisServer::start();
         let sha: String = redis.cmd(&["SCRIPT", "LOAD", TOKEN_BUCKET_LUA]);
         let previous_sha: String = redis.cmd(&["SCRIPT", "LOAD", PREVIOUS_LUA]);
@@ -33,18 +40,20 @@ impl Script {
             redis,
             sha,
             previous_sha,
+            format,
         }
     }
 
-    /// One call deciding `requests` in order at `now`, as a proxy sends the decisions that queued
-    /// during a round trip: each one's decision.
-    pub fn batch(&self, requests: &[Request<'_>], now: u64) -> Vec<Decision> {
+    /// One call deciding `requests` in order at `now`, as a proxy writing `format` sends the
+    /// decisions that queued during a round trip: each one's decision.
+    pub fn batch_in(&self, format: Format, requests: &[Request<'_>], now: u64) -> Vec<Decision> {
         let mut cmd = redis::cmd("EVALSHA");
         let keys: Vec<&str> = requests
             .iter()
             .flat_map(|(k, _)| k.iter().copied())
             .collect();
         cmd.arg(&self.sha).arg(keys.len()).arg(&keys).arg(now);
+        cmd.arg(format.word());
         // The table of distinct limits, then each request's numbers in it.
         let mut table: Vec<BucketParams> = Vec::new();
         let numbers: Vec<Vec<usize>> = requests
@@ -110,6 +119,7 @@ impl Script {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&self.sha).arg(keys.len()).arg(keys);
         cmd.arg(now.map_or(String::new(), |n| n.to_string()));
+        cmd.arg(self.format.word());
         // Each limit its own entry in the table of limits, the one request drawing on all of them.
         cmd.arg(limits.len());
         for p in limits {
@@ -129,6 +139,56 @@ impl Script {
 
     pub fn eval(&self, keys: &[&str], now: u64, limits: &[BucketParams]) -> Decision {
         decision(&self.raw(keys, Some(now), limits), limits)
+    }
+}
+
+/// A bucket as stored at `key`, in either format: `[v, t, s]` (`s` is 0 when a hash has none),
+/// `None` when there is no key. Panics on anything else.
+pub fn stored(redis: &RedisServer, key: &str) -> Option<[u64; 3]> {
+    let kind: String = redis.cmd(&["TYPE", key]);
+    match kind.as_str() {
+        "none" => None,
+        "hash" => {
+            let f: Vec<Option<u64>> = redis.cmd(&["HMGET", key, "v", "t", "s"]);
+            Some([f[0].expect("v"), f[1].expect("t"), f[2].unwrap_or(0)])
+        }
+        "string" => {
+            let bytes: Vec<u8> = redis.cmd(&["GET", key]);
+            Some(unpack(&bytes).unwrap_or_else(|| panic!("{key}: {bytes:?} is not packed")))
+        }
+        other => panic!("{key} is a {other}"),
+    }
+}
+
+/// A packed bucket: three little-endian doubles, each a whole number.
+pub fn unpack(bytes: &[u8]) -> Option<[u64; 3]> {
+    if bytes.len() != 24 {
+        return None;
+    }
+    let mut out = [0; 3];
+    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(8)) {
+        let f = f64::from_le_bytes(c.try_into().unwrap());
+        if !(f >= 0.0 && f.fract() == 0.0 && f <= 2f64.powi(53)) {
+            return None;
+        }
+        *o = f as u64;
+    }
+    Some(out)
+}
+
+/// A packed bucket's bytes, as the script writes them.
+pub fn pack(state: [u64; 3]) -> Vec<u8> {
+    state
+        .iter()
+        .flat_map(|n| (*n as f64).to_le_bytes())
+        .collect()
+}
+
+/// What `format` stores a key as (Redis `TYPE`).
+pub fn type_of(format: Format) -> &'static str {
+    match format {
+        Format::Hash => "hash",
+        Format::Packed => "string",
     }
 }
 
