@@ -22,6 +22,9 @@
 # checkout as it is), BASELINE (another commit, built the same way: its proxy runs beside REV's on the
 # same Redis and upstream, as the contenders "baseline: proxy, no limits", "baseline: proxy, Redis"
 # and "baseline: proxy, Redis, hot key", so that two commits are compared within one run),
+# STATE_FORMAT (how REV's proxies and the nginx+Lua contender store buckets: `packed`, the
+# default, or `hash`; a REV or BASELINE that predates `redis.state_format` writes hashes, and
+# nginx+Lua then uses hashes too, so that both run the same script on the same format),
 # KEEP_TMP=1 (keep the temp dir: configs, logs, raw output), ONLY (an extended
 # regex: run only the contenders whose names match, e.g. ONLY='proxy_pass|proxy, no' while
 # iterating), OUT (default bench/results/compare.md). The Markdown report is printed too.
@@ -59,7 +62,7 @@
 set -euo pipefail
 
 overrides=""
-for v in REV BASELINE CONNECTIONS ROUNDS DURATION PACED_C RSS_KEYS REDIS_KEYS ONLY OUT; do [[ -n ${!v:-} ]] && overrides+="$v=$(printf %q "${!v}") "; done
+for v in REV BASELINE STATE_FORMAT CONNECTIONS ROUNDS DURATION PACED_C RSS_KEYS REDIS_KEYS ONLY OUT; do [[ -n ${!v:-} ]] && overrides+="$v=$(printf %q "${!v}") "; done
 
 CONNECTIONS=${CONNECTIONS:-16 64 256}
 ROUNDS=${ROUNDS:-2}
@@ -149,6 +152,21 @@ if [[ -n ${BASELINE:-} ]]; then
     cp "$build_dir/release/ratelimit-proxy" "$work/ratelimit-proxy-baseline"
     measured="$rev_measured; baseline: $measured"
 fi
+
+# How buckets are stored: `redis.state_format` where the binary knows it (see STATE_FORMAT above).
+STATE_FORMAT=${STATE_FORMAT:-packed}
+format_line() { # format_line BINARY: the config line choosing STATE_FORMAT, or nothing
+    printf 'listen: "127.0.0.1:1"\nredis:\n  url: "redis://127.0.0.1:1"\n  state_format: %s\nroutes:\n  - { name: probe, upstream: "127.0.0.1:1" }\n' \
+        "$STATE_FORMAT" >"$work/format-probe.yaml"
+    if "$1" --config "$work/format-probe.yaml" --check >/dev/null 2>&1; then
+        printf '\n  state_format: %s' "$STATE_FORMAT"
+    fi
+}
+rev_format=$(format_line "$proxy_bin")
+[[ -n $rev_format ]] || STATE_FORMAT=hash
+base_format=
+[[ -z ${BASELINE:-} ]] || base_format=$(format_line "$work/ratelimit-proxy-baseline")
+log "buckets stored as: $STATE_FORMAT (REV and nginx+Lua${base_format:+, baseline})"
 
 # --- Redis ---------------------------------------------------------------------------------------
 
@@ -258,7 +276,7 @@ workers=$(nproc) # the proxy runs one thread per CPU
 start_nginx contender "$workers" "
     lua_package_path '$repo/bench/compare/?.lua;;';
     init_by_lua_block {
-        require('redis_bucket').init('127.0.0.1', $REDIS_PORT, '$SHA', '$repo/lua/token_bucket.lua')
+        require('redis_bucket').init('127.0.0.1', $REDIS_PORT, '$SHA', '$repo/lua/token_bucket.lua', '$STATE_FORMAT')
     }
     upstream up {
         server $UPSTREAM;
@@ -335,7 +353,7 @@ $seq_route
 $keyed_limit"
 start_proxy proxy-redis "redis:
   url: \"redis://127.0.0.1:$REDIS_PORT/0\"
-  timeout_ms: 25
+  timeout_ms: 25$rev_format
 on_redis_error: open" "$redis_routes"
 PROXY=$REPLY PROXY_ADMIN=$ADMIN
 if [[ -n ${BASELINE:-} ]]; then
@@ -343,7 +361,7 @@ if [[ -n ${BASELINE:-} ]]; then
     start_proxy proxy-baseline "redis:
   url: \"redis://127.0.0.1:$REDIS_PORT/0\"
   timeout_ms: 25
-  key_prefix: base
+  key_prefix: base$base_format
 on_redis_error: open" "$redis_routes" "$work/ratelimit-proxy-baseline"
     PROXY_BASE=$REPLY
 fi
@@ -354,7 +372,7 @@ $keyed_limit"
 PROXY_MEM=$REPLY
 start_proxy proxy-paused "redis:
   url: \"redis://127.0.0.1:$PAUSED_PORT/0\"
-  timeout_ms: 25
+  timeout_ms: 25$rev_format
 on_redis_error: open" "  - name: keyed
     upstream: \"$UPSTREAM\"
 $keyed_limit"

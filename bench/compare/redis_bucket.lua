@@ -11,12 +11,13 @@ local M = {}
 local tcp = ngx.socket.tcp
 local concat = table.concat
 
-local host, port, sha, body
+local host, port, sha, body, format
 
 -- Called from init_by_lua (in the master, before the workers fork): the script's text is read
--- once, for the EVAL that follows a NOSCRIPT.
-function M.init(redis_host, redis_port, script_sha, script_path)
-  host, port, sha = redis_host, redis_port, script_sha
+-- once, for the EVAL that follows a NOSCRIPT. `state_format` is what buckets are written as
+-- ("hash" or "packed"), as the proxy's `redis.state_format`.
+function M.init(redis_host, redis_port, script_sha, script_path, state_format)
+  host, port, sha, format = redis_host, redis_port, script_sha, state_format
   local f = assert(io.open(script_path, "rb"))
   body = f:read("*a")
   f:close()
@@ -66,7 +67,7 @@ function M.allowed(key, capacity, scale, num, cost, redis_port)
     ngx.log(ngx.ERR, "redis connect: ", err)
     return true
   end
-  local args = { "EVALSHA", sha, 1, key, "", 1, capacity, scale, num, cost, 1, 1 }
+  local args = { "EVALSHA", sha, 1, key, "", format, 1, capacity, scale, num, cost, 1, 1 }
   local reply, redis_err
   ok, err = sock:send(command(args))
   if ok then
