@@ -151,28 +151,36 @@ end
 -- as a hash when needed), and a later request of the batch reads what an earlier one wrote from
 -- these tables, by key. Writing hashes, each read goes to Redis.
 local known_v, known_t, known_s, known_kind = {}, {}, {}, {}
+-- Lua unpacks at most a few thousand values at once: commands over many keys go in slices.
+local SLICE = 1000
 if packed then
-  local got = redis.call('MGET', unpack(KEYS))
   local missing = {}
-  for i = 1, #KEYS do
-    local text = got[i]
-    local key = KEYS[i]
-    if text then
-      local v, t, s = unpacked(text)
-      if v then
-        known_v[key], known_t[key], known_s[key], known_kind[key] = v, t, s, 'packed'
+  for from = 1, #KEYS, SLICE do
+    local to = math.min(from + SLICE - 1, #KEYS)
+    local got = redis.call('MGET', unpack(KEYS, from, to))
+    for i = from, to do
+      local text = got[i - from + 1]
+      local key = KEYS[i]
+      if text then
+        local v, t, s = unpacked(text)
+        if v then
+          known_v[key], known_t[key], known_s[key], known_kind[key] = v, t, s, 'packed'
+        else
+          known_kind[key] = 'bad'
+        end
       else
-        known_kind[key] = 'bad'
+        missing[#missing + 1] = key
       end
-    else
-      missing[#missing + 1] = key
     end
   end
   -- Not strings: no key (new clients) or a hash of the other format. One call tells whether
   -- none of them exists, as is usual; otherwise each is looked at when needed.
-  if #missing > 0 and redis.call('EXISTS', unpack(missing)) == 0 then
-    for i = 1, #missing do
-      known_kind[missing[i]] = 'none'
+  for from = 1, #missing, SLICE do
+    local to = math.min(from + SLICE - 1, #missing)
+    if redis.call('EXISTS', unpack(missing, from, to)) == 0 then
+      for i = from, to do
+        known_kind[missing[i]] = 'none'
+      end
     end
   end
 end

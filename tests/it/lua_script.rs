@@ -132,6 +132,31 @@ fn packed_state_is_three_exact_doubles_and_expires_only_once_full() {
     assert_eq!(by_hand[..3], [6_000_000, T0 as i64, 1_000_000]);
 }
 
+/// A call carries every key of its batch; Lua unpacks only a few thousand values at once, so the
+/// packed read goes in slices (a route may have many limits).
+#[test]
+fn a_call_with_more_keys_than_lua_unpacks_at_once() {
+    let s = Script::writing(Format::Packed);
+    let p = per_second(1, 1);
+    let keys: Vec<String> = (0..9_000).map(|i| format!("k{i}")).collect();
+    let requests: Vec<_> = keys
+        .iter()
+        .map(|k| (vec![k.as_str(), "shared"], vec![p, per_second(10_000, 1)]))
+        .collect();
+    for (round, expect_allowed) in [(0, true), (1, false)] {
+        let decisions = s.batch_in(Format::Packed, &requests, T0);
+        let allowed = decisions.iter().filter(|d| d.allowed).count();
+        let expected = if expect_allowed { 9_000 } else { 0 };
+        assert_eq!(allowed, expected, "round {round}");
+    }
+    let left: Vec<u64> = stored(&s.redis, "shared").unwrap().to_vec();
+    assert_eq!(
+        left,
+        [1_000 * 1_000_000, T0, 1_000_000],
+        "9,000 of 10,000 taken"
+    );
+}
+
 /// A fleet turning `state_format: packed` on has proxies writing each format for a while: a key
 /// changes type with the writer, and every write continues from what the other one left.
 #[test]
