@@ -25,6 +25,8 @@
 # STATE_FORMAT (how REV's proxies and the nginx+Lua contender store buckets: `packed`, the
 # default, or `hash`; a REV or BASELINE that predates `redis.state_format` writes hashes, and
 # nginx+Lua then uses hashes too, so that both run the same script on the same format),
+# BASELINE_FORMAT (the baseline's, default STATE_FORMAT: `BASELINE=HEAD BASELINE_FORMAT=hash`
+# compares the two formats with the same code in one run),
 # KEEP_TMP=1 (keep the temp dir: configs, logs, raw output), ONLY (an extended
 # regex: run only the contenders whose names match, e.g. ONLY='proxy_pass|proxy, no' while
 # iterating), OUT (default bench/results/compare.md). The Markdown report is printed too.
@@ -62,7 +64,7 @@
 set -euo pipefail
 
 overrides=""
-for v in REV BASELINE STATE_FORMAT CONNECTIONS ROUNDS DURATION PACED_C RSS_KEYS REDIS_KEYS ONLY OUT; do [[ -n ${!v:-} ]] && overrides+="$v=$(printf %q "${!v}") "; done
+for v in REV BASELINE STATE_FORMAT BASELINE_FORMAT CONNECTIONS ROUNDS DURATION PACED_C RSS_KEYS REDIS_KEYS ONLY OUT; do [[ -n ${!v:-} ]] && overrides+="$v=$(printf %q "${!v}") "; done
 
 CONNECTIONS=${CONNECTIONS:-16 64 256}
 ROUNDS=${ROUNDS:-2}
@@ -155,18 +157,22 @@ fi
 
 # How buckets are stored: `redis.state_format` where the binary knows it (see STATE_FORMAT above).
 STATE_FORMAT=${STATE_FORMAT:-packed}
-format_line() { # format_line BINARY: the config line choosing STATE_FORMAT, or nothing
+format_line() { # format_line BINARY FORMAT: the config line choosing FORMAT, or nothing
     printf 'listen: "127.0.0.1:1"\nredis:\n  url: "redis://127.0.0.1:1"\n  state_format: %s\nroutes:\n  - { name: probe, upstream: "127.0.0.1:1" }\n' \
-        "$STATE_FORMAT" >"$work/format-probe.yaml"
+        "$2" >"$work/format-probe.yaml"
     if "$1" --config "$work/format-probe.yaml" --check >/dev/null 2>&1; then
-        printf '\n  state_format: %s' "$STATE_FORMAT"
+        printf '\n  state_format: %s' "$2"
     fi
 }
-rev_format=$(format_line "$proxy_bin")
+rev_format=$(format_line "$proxy_bin" "$STATE_FORMAT")
 [[ -n $rev_format ]] || STATE_FORMAT=hash
 base_format=
-[[ -z ${BASELINE:-} ]] || base_format=$(format_line "$work/ratelimit-proxy-baseline")
-log "buckets stored as: $STATE_FORMAT (REV and nginx+Lua${base_format:+, baseline})"
+[[ -z ${BASELINE:-} ]] || base_format=$(format_line "$work/ratelimit-proxy-baseline" "${BASELINE_FORMAT:-$STATE_FORMAT}")
+said="buckets stored as: $STATE_FORMAT by REV and nginx+Lua"
+if [[ -n ${BASELINE:-} ]]; then
+    if [[ -n $base_format ]]; then said+=", ${BASELINE_FORMAT:-$STATE_FORMAT} by the baseline"; else said+=", hash by the baseline"; fi
+fi
+log "$said"
 
 # --- Redis ---------------------------------------------------------------------------------------
 
@@ -694,6 +700,7 @@ cat >"$out" <<EOF
 - machine: $(nproc) CPUs, $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(uname -sr); shared with other work (load average before: $load_before, after: $(cut -d' ' -f1-3 /proc/loadavg))
 - command: \`$command\` (from the repo root)
 - measured: $measured
+- ${said}
 - $(nginx -v 2>&1 | sed 's/.*: //'), ngx_http_lua $(dpkg-query -W -f '${Version}' libnginx-mod-http-lua 2>/dev/null || echo '?'), $(redis-server --version | cut -d' ' -f1-3), $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2), $(oha --version)
 - load: \`wrk -t1 -c<c> -d${DURATION}s\`, closed loop at full speed, every request with an X-Api-Key drawn at
   random from $MANY_KEYS keys (or one hot key); $ROUNDS rounds per concurrency, each round every
