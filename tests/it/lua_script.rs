@@ -87,49 +87,43 @@ fn rates_that_do_not_divide_a_second_stay_exact() {
     assert_eq!(v, (4_998_000_000u64 - 1_000 * 999_998).to_string());
 }
 
+/// A hash holds integer strings; `state_format: packed` one 24-byte string of three exact doubles
+/// that an operator can read by hand (the script's header). Both expire once full again.
 #[test]
-fn state_is_integer_strings_and_expires_only_once_full() {
-    let s = Script::load();
+fn state_is_exact_in_either_format_and_expires_only_once_full() {
     let p = BucketParams {
         capacity: 10,
         scale: 1_000_000,
         num: 1,
         cost: 4,
     }; // 1 token/s
-    assert!(s.eval(&["k"], T0, &[p]).allowed);
-    let fields: Vec<String> = s.redis.cmd(&["HGETALL", "k"]);
-    assert_eq!(
-        fields,
-        ["v", "6000000", "t", &T0.to_string(), "s", "1000000"]
-    );
-    let pttl: i64 = s.redis.cmd(&["PTTL", "k"]);
-    // 4 tokens to refill at 1/s = 4 s, plus the 1 s margin.
-    assert!((4_000..=5_000).contains(&pttl), "PTTL {pttl}");
-}
-
-/// `state_format: packed`: one 24-byte string of three exact doubles, with the same expiry.
-#[test]
-fn packed_state_is_three_exact_doubles_and_expires_only_once_full() {
-    let s = Script::writing(Format::Packed);
-    let p = BucketParams {
-        capacity: 10,
-        scale: 1_000_000,
-        num: 1,
-        cost: 4,
-    }; // 1 token/s
-    assert!(s.eval(&["k"], T0, &[p]).allowed);
-    let bytes: Vec<u8> = s.redis.cmd(&["GET", "k"]);
-    assert_eq!(bytes, pack([6_000_000, T0, 1_000_000]));
-    let pttl: i64 = s.redis.cmd(&["PTTL", "k"]);
-    assert!((4_000..=5_000).contains(&pttl), "PTTL {pttl}");
-    // What the script's header says an operator can run to read one.
-    let by_hand: Vec<i64> = s.redis.cmd(&[
-        "EVAL",
-        "return {struct.unpack('<ddd', redis.call('GET', KEYS[1]))}",
-        "1",
-        "k",
-    ]);
-    assert_eq!(by_hand[..3], [6_000_000, T0 as i64, 1_000_000]);
+    for format in [Format::Hash, Format::Packed] {
+        let s = Script::writing(format);
+        assert!(s.eval(&["k"], T0, &[p]).allowed);
+        match format {
+            Format::Hash => {
+                let fields: Vec<String> = s.redis.cmd(&["HGETALL", "k"]);
+                assert_eq!(
+                    fields,
+                    ["v", "6000000", "t", &T0.to_string(), "s", "1000000"]
+                );
+            }
+            Format::Packed => {
+                let bytes: Vec<u8> = s.redis.cmd(&["GET", "k"]);
+                assert_eq!(bytes, pack([6_000_000, T0, 1_000_000]));
+                let by_hand: Vec<i64> = s.redis.cmd(&[
+                    "EVAL",
+                    "return {struct.unpack('<ddd', redis.call('GET', KEYS[1]))}",
+                    "1",
+                    "k",
+                ]);
+                assert_eq!(by_hand[..3], [6_000_000, T0 as i64, 1_000_000]);
+            }
+        }
+        let pttl: i64 = s.redis.cmd(&["PTTL", "k"]);
+        // 4 tokens to refill at 1/s = 4 s, plus the 1 s margin.
+        assert!((4_000..=5_000).contains(&pttl), "{format:?}: PTTL {pttl}");
+    }
 }
 
 /// A call carries every key of its batch; Lua unpacks only a few thousand values at once, so the
