@@ -34,7 +34,8 @@
 --
 -- State: per bucket v = units held, t = the microsecond v was computed for, s = the scale v is in,
 -- stored in one of two formats:
---   hash    a hash with fields v, t, s as integer strings; what every version writes and reads.
+--   hash    a hash with fields v, t, s as integer strings (the first versions wrote no s); what
+--           every version reads.
 --   packed  a 24-byte string, struct.pack('<ddd', v, t, s): three little-endian doubles, each an
 --           exact integer. One MGET for the whole batch and one SET … PX per write, where a hash
 --           needs HMGET, HSET and PEXPIRE: Redis spends about a quarter less per decision. Versions
@@ -143,8 +144,9 @@ local function stored(key)
   if v == nil or t == nil then
     return nil, nil, nil, 'bad'
   end
-  -- No `s` at all: written in this scale by a version that stored none.
-  return v, t, state[3], 'hash'
+  -- No `s` at all (HMGET gives false): written in this scale by a version that stored none; the
+  -- next write adds it.
+  return v, t, state[3] or nil, 'hash'
 end
 
 -- Writing packed, every key is read up front by one MGET (a hash reads as nil there, and is read

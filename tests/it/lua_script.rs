@@ -181,6 +181,32 @@ fn hash_and_packed_writers_continue_each_others_buckets() {
     }
 }
 
+/// The first versions wrote hashes without `s`: such a bucket is read in the limit's scale (not
+/// as something else, which would start it over full), whichever format the next write uses.
+#[test]
+fn a_hash_without_a_scale_is_read_in_the_limits_scale() {
+    let p = per_second(3, 1);
+    for format in [Format::Hash, Format::Packed] {
+        let s = Script::writing(format);
+        let t = T0.to_string();
+        let _: () = s.redis.cmd(&["HSET", "k", "v", "1000000", "t", &t]);
+        let Value::Array(reply) = s.raw(&["k"], Some(T0), &[p]) else {
+            panic!("not an array")
+        };
+        assert_eq!(
+            reply,
+            [Value::Int(1), Value::Int(0), Value::Int(0), Value::Int(0)],
+            "{format:?}: its one token taken, the key not reported bad"
+        );
+        assert_eq!(
+            stored(&s.redis, "k"),
+            Some([0, T0, 1_000_000]),
+            "{format:?}"
+        );
+        assert!(!s.eval(&["k"], T0, &[p]).allowed, "{format:?}: empty now");
+    }
+}
+
 /// Why `packed` is a switch and not the default: the previous version's script reads a packed key
 /// as something else and starts it over as a full bucket, so a fleet that still runs it would
 /// admit more than the limit.
