@@ -38,9 +38,9 @@
 --           every version reads.
 --   packed  a 24-byte string, struct.pack('<ddd', v, t, s): three little-endian doubles, each an
 --           exact integer. One MGET for the whole batch and one SET … PX per write, where a hash
---           needs HMGET, HSET and PEXPIRE: Redis spends about a quarter less per decision. Versions
---           before it read a packed key as foreign and reset it to full, so a fleet turns it on
---           only once every proxy reads it (README, "Upgrading a fleet to packed buckets").
+--           needs HMGET, HSET and PEXPIRE: Redis runs a quarter fewer instructions per decision.
+--           Versions before it read a packed key as foreign and reset it to full, so a fleet turns
+--           it on only once every proxy reads it (README, "Upgrading a fleet to packed buckets").
 --   By hand: redis-cli EVAL "return {struct.unpack('<ddd', redis.call('GET', KEYS[1]))}" 1 KEY
 -- Units are exact integers: refill adds (elapsed µs × num) units, so no rounding is ever
 -- carried or lost, and the caller keeps capacity × scale + num within 2^53 so that Lua's doubles
