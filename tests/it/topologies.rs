@@ -135,6 +135,8 @@ fn a_cluster_enforces_limits_and_survives_a_primary_killed_under_load() {
     assert_limited(&proxy, "bob");
 }
 
+/// Packed buckets (`state_format: packed`): the script's `MGET` and `SET` follow the slot as the
+/// hash commands do.
 #[test]
 fn a_slot_moved_under_load_keeps_its_bucket_exactly() {
     let cluster = Cluster::start();
@@ -143,7 +145,8 @@ fn a_slot_moved_under_load_keeps_its_bucket_exactly() {
     upstream: \"{upstream}\"
     limits: [{ name: l, capacity: 300, refill: \"1/h\", key: route }]
 ";
-    let proxy = start_proxy(&upstream, &cluster_section(&cluster), routes);
+    let redis = format!("{}  state_format: packed\n", cluster_section(&cluster));
+    let proxy = start_proxy(&upstream, &redis, routes);
     let slot: u16 = cluster.nodes[0].cmd(&["CLUSTER", "KEYSLOT", "rl:{load}:l"]);
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -179,6 +182,8 @@ fn a_slot_moved_under_load_keeps_its_bucket_exactly() {
         "exactly the capacity, across the move"
     );
     assert_eq!(upstream.hits(), 300);
+    let kind: String = cluster.nodes[to].cmd(&["TYPE", "rl:{load}:l"]);
+    assert_eq!(kind, "string", "the bucket is packed");
 }
 
 #[test]
