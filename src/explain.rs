@@ -5,7 +5,16 @@ use crate::config::{Config, DenyFormat, DenyFormatName, KeySource, MissingKey, R
 use std::fmt::Write;
 
 pub fn route_table(config: &Config) -> String {
-    let mut out = String::from("routes, tried in this order (first match wins):\n");
+    let mut out = String::new();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    for l in &config.listen {
+        if let Some(tls) = &l.tls {
+            let _ = writeln!(out, "listen {}: TLS {}", l.addr, tls.served.describe(now));
+        }
+    }
+    out.push_str("routes, tried in this order (first match wins):\n");
     for (n, r) in config.routes.iter().enumerate() {
         let _ = writeln!(out, "{:>3}. {}", n + 1, describe(r));
         if r.limits.is_empty() {

@@ -49,4 +49,5 @@ pub mod route;
 pub mod server;
 pub mod text;
 pub mod throttle;
+pub mod tls;
 pub mod upstream;

@@ -175,7 +175,9 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             upstream_request.insert_header("x-forwarded-for", forwarded)?;
         }
         if !trusted || upstream_request.headers.get("x-forwarded-proto").is_none() {
-            upstream_request.insert_header("x-forwarded-proto", "http")?;
+            let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
+            let proto = if tls { "https" } else { "http" };
+            upstream_request.insert_header("x-forwarded-proto", proto)?;
         }
         if !trusted || upstream_request.headers.get("x-forwarded-host").is_none() {
             let host = upstream_request

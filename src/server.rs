@@ -20,6 +20,7 @@ use crate::plan::{Plan, PlanError};
 use crate::proxy::RateLimitProxy;
 use crate::reload::{LivePlan, Reloader, Watcher};
 use arc_swap::ArcSwap;
+use pingora::listeners::tls::TlsSettings;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
 use pingora::services::background::background_service;
@@ -54,6 +55,8 @@ pub enum StartError {
     CaFile(String),
     #[error(transparent)]
     Bind(#[from] BindError),
+    #[error("tls: {0}")]
+    Tls(String),
 }
 
 /// Denials remembered at most (see `deny_cache`).
@@ -71,7 +74,7 @@ pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), Start
             proxy: config
                 .listen
                 .iter()
-                .map(|addr| bind(*addr, "proxy"))
+                .map(|l| bind(l.addr, "proxy"))
                 .collect::<Result<_, _>>()?,
             admin: vec![bind(config.admin, "admin")?],
         }
@@ -222,8 +225,21 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
         "ratelimit-proxy".to_string(),
         Connections::new(proxy, config.downstream, parts.metrics),
     );
-    for addr in &config.listen {
-        proxy.add_tcp(&addr.to_string());
+    for listener in &config.listen {
+        let addr = listener.addr.to_string();
+        match &listener.tls {
+            None => proxy.add_tcp(&addr),
+            Some(tls) => {
+                // HTTP/1.1 only for now (no ALPN h2): the head is read by `downstream`, which
+                // speaks HTTP/1.1. The pair was read and matched when the config was loaded.
+                let settings = TlsSettings::intermediate(
+                    &tls.cert_file.display().to_string(),
+                    &tls.key_file.display().to_string(),
+                )
+                .map_err(|e| StartError::Tls(e.to_string()))?;
+                proxy.add_tls_with_settings(&addr, None, settings);
+            }
+        }
     }
     let mut admin = Service::new(
         "admin".to_string(),
@@ -240,9 +256,17 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
     );
     let health = background_service("health checks", HealthChecker::new(parts.plan.clone()));
 
+    let listening: Vec<String> = config
+        .listen
+        .iter()
+        .map(|l| match &l.tls {
+            None => l.addr.to_string(),
+            Some(tls) => format!("{} (TLS for {})", l.addr, tls.served.names.join(", ")),
+        })
+        .collect();
     log::info!(
-        "proxy listening on {:?}, admin on {} ({} routes)",
-        config.listen,
+        "proxy listening on {}, admin on {} ({} routes)",
+        listening.join(", "),
         config.admin,
         config.routes.len()
     );

@@ -25,7 +25,7 @@ pub const DEFAULT_ADMIN: &str = "127.0.0.1:9090";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
-    pub listen: Vec<SocketAddr>,
+    pub listen: Vec<Listener>,
     pub admin: SocketAddr,
     /// `None`: limits are kept in process memory (per proxy, not shared).
     pub redis: Option<RedisSettings>,
@@ -96,6 +96,24 @@ pub struct MemorySettings {
 
 /// Default for `memory.max_keys`: about 100 MB of buckets.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// One address the proxy serves on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    pub addr: SocketAddr,
+    /// `None`: cleartext HTTP/1.1.
+    pub tls: Option<TlsListener>,
+}
+
+/// A TLS listener's certificate and key, read and found to belong together when the config was
+/// loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsListener {
+    pub cert_file: std::path::PathBuf,
+    pub key_file: std::path::PathBuf,
+    /// What the certificate serves, as it was when the config was loaded.
+    pub served: crate::tls::Served,
+}
 
 /// Where the buckets live.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,8 @@ use serde::Deserialize;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawConfig {
-    pub listen: Option<OneOrMany>,
+    /// An address, a `{ address, tls }` entry, or a list of either: read entry by entry.
+    pub listen: Option<serde_yaml::Value>,
     pub admin: Option<String>,
     pub redis: Option<RawRedis>,
     pub on_redis_error: Option<String>,
@@ -28,6 +29,21 @@ pub(super) struct RawConfig {
 pub(super) enum OneOrMany {
     One(String),
     Many(Vec<String>),
+}
+
+/// A `listen` entry written as a map.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawListener {
+    pub address: Option<String>,
+    pub tls: Option<RawTls>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    pub cert_file: Option<String>,
+    pub key_file: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

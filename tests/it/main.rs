@@ -15,4 +15,5 @@ mod redis_security;
 mod resilience;
 mod scenarios;
 mod support;
+mod tls_listener;
 mod topologies;

@@ -4,7 +4,6 @@
 use crate::support::proxy::{Proxy, BIN};
 use crate::support::redis::RedisServer;
 use crate::support::upstream::Upstream;
-use std::path::Path;
 use std::process::Command;
 
 /// The password comes from the environment (`redis.password_env`), and the proxy needs no more
@@ -98,75 +97,10 @@ fn a_missing_password_variable_stops_the_start_with_its_name() {
     );
 }
 
-/// A CA, and a server certificate it signed for 127.0.0.1, made with the openssl CLI.
-fn certificates(dir: &Path) {
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("openssl");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    std::fs::write(
-        dir.join("san.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .unwrap();
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=ratelimit-proxy test CA",
-    ]);
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=localhost",
-    ]);
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.crt",
-        "-days",
-        "1",
-        "-extfile",
-        "san.ext",
-    ]);
-}
-
 #[test]
 fn tls_to_redis_is_verified_against_the_configured_ca() {
     let dir = tempfile::tempdir().unwrap();
-    certificates(dir.path());
+    crate::support::tls::certificates(dir.path());
     let tls_port = crate::support::free_port().to_string();
     let file = |name: &str| dir.path().join(name).display().to_string();
     let redis = RedisServer::start_with(&[

@@ -5,7 +5,7 @@ mod redis;
 mod route;
 
 use super::locate::{line_of, render, Seg};
-use super::raw::{OneOrMany, RawConfig};
+use super::raw::{RawConfig, RawListener, RawTls};
 use super::*;
 
 pub(super) fn validate(file: &str, text: &str) -> Result<Config, ConfigError> {
@@ -133,7 +133,7 @@ impl Validator<'_> {
             raw.admin.as_deref().unwrap_or(DEFAULT_ADMIN),
         );
         if let (Some(admin), Some(listen)) = (admin, &listen) {
-            if listen.contains(&admin) {
+            if listen.iter().any(|l| l.addr == admin) {
                 self.problem(
                     None,
                     vec![key("admin")],
@@ -302,8 +302,8 @@ impl Validator<'_> {
         }
     }
 
-    fn listen(&mut self, raw: Option<OneOrMany>) -> Option<Vec<SocketAddr>> {
-        let list = match raw {
+    fn listen(&mut self, raw: Option<serde_yaml::Value>) -> Option<Vec<Listener>> {
+        let entries = match raw {
             None => {
                 self.problem(
                     None,
@@ -312,24 +312,90 @@ impl Validator<'_> {
                 );
                 return None;
             }
-            Some(OneOrMany::One(one)) => {
-                return self
-                    .address(None, vec![key("listen")], &one)
-                    .map(|a| vec![a])
+            Some(serde_yaml::Value::Sequence(list)) => {
+                if list.is_empty() {
+                    self.problem(None, vec![key("listen")], "must name at least one address");
+                    return None;
+                }
+                list.into_iter()
+                    .enumerate()
+                    .map(|(i, v)| (vec![key("listen"), Seg::Index(i)], v))
+                    .collect()
             }
-            Some(OneOrMany::Many(list)) => list,
+            Some(one) => vec![(vec![key("listen")], one)],
         };
-        if list.is_empty() {
-            self.problem(None, vec![key("listen")], "must name at least one address");
-            return None;
-        }
         let before = self.problems.len();
-        let addrs: Vec<_> = list
-            .iter()
-            .enumerate()
-            .filter_map(|(i, a)| self.address(None, vec![key("listen"), Seg::Index(i)], a))
+        let listeners: Vec<Listener> = entries
+            .into_iter()
+            .filter_map(|(path, value)| self.listener(path, value))
             .collect();
-        (self.problems.len() == before).then_some(addrs)
+        (self.problems.len() == before).then_some(listeners)
+    }
+
+    /// One `listen` entry: `"IP:port"`, or `{ address, tls: { cert_file, key_file } }`.
+    fn listener(&mut self, path: Vec<Seg>, value: serde_yaml::Value) -> Option<Listener> {
+        match &value {
+            serde_yaml::Value::String(text) => {
+                let addr = self.address(None, path, text)?;
+                return Some(Listener { addr, tls: None });
+            }
+            serde_yaml::Value::Mapping(_) => {}
+            _ => {
+                self.problem(
+                    None,
+                    path,
+                    "must be an address like \"0.0.0.0:8080\", or { address, tls }",
+                );
+                return None;
+            }
+        }
+        let raw: RawListener = match serde_path_to_error::deserialize(value) {
+            Ok(raw) => raw,
+            Err(err) => {
+                self.serde_problem(None, &path, err, None);
+                return None;
+            }
+        };
+        let Some(address) = raw.address else {
+            self.problem(
+                None,
+                at(&path, &["address"]),
+                "is required, e.g. \"0.0.0.0:8443\"",
+            );
+            return None;
+        };
+        let addr = self.address(None, at(&path, &["address"]), &address);
+        let tls = match raw.tls {
+            None => None,
+            Some(tls) => Some(self.tls(&at(&path, &["tls"]), tls)?),
+        };
+        Some(Listener { addr: addr?, tls })
+    }
+
+    /// A listener's certificate and key: both given, readable, and one pair.
+    fn tls(&mut self, base: &[Seg], raw: RawTls) -> Option<TlsListener> {
+        let file = |v: &mut Self, name: &str, given: Option<String>| match given {
+            Some(f) if !f.is_empty() => Some(std::path::PathBuf::from(f)),
+            _ => {
+                v.problem(None, at(base, &[name]), "is required: a PEM file");
+                None
+            }
+        };
+        let cert_file = file(self, "cert_file", raw.cert_file);
+        let key_file = file(self, "key_file", raw.key_file);
+        let (cert_file, key_file) = (cert_file?, key_file?);
+        match crate::tls::load(&cert_file, &key_file) {
+            Ok(served) => Some(TlsListener {
+                cert_file,
+                key_file,
+                served,
+            }),
+            Err(e) => {
+                let field = if e.is_key() { "key_file" } else { "cert_file" };
+                self.problem(None, at(base, &[field]), e.to_string());
+                None
+            }
+        }
     }
 
     /// A route's or a limit's `name`: required, and of the safe alphabet.

@@ -6,6 +6,7 @@ pub mod http;
 pub mod lua;
 pub mod proxy;
 pub mod redis;
+pub mod tls;
 pub mod upstream;
 
 use std::net::TcpListener;

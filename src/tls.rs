@@ -1,0 +1,160 @@
+//! A TLS listener's certificate and key: read, checked to belong together, and described (the
+//! names it serves, when it expires) for `--check` and the logs. Pingora's rustls listener reads
+//! the same files when it starts; reading them here first turns a bad pair into a config problem
+//! instead of a panic inside Pingora.
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use std::path::Path;
+
+/// What a valid pair serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    /// The leaf's DNS names and IP addresses (subjectAltName), else its common name.
+    pub names: Vec<String>,
+    /// The leaf's notAfter, in seconds since the Unix epoch.
+    pub not_after: i64,
+}
+
+/// Why a pair cannot be served; `Cert` problems belong to the certificate file, `Key` ones to
+/// the key file.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {0}: {1}")]
+    Cert(String, String),
+    #[error("cannot read {0}: {1}")]
+    Key(String, String),
+    #[error("{key} is not the private key of the certificate in {cert}")]
+    Mismatch { cert: String, key: String },
+}
+
+impl TlsError {
+    /// Whether the key file is at fault (else the certificate file).
+    pub fn is_key(&self) -> bool {
+        matches!(self, TlsError::Key(..) | TlsError::Mismatch { .. })
+    }
+}
+
+impl Served {
+    /// `"for a.example, b.example, expires 2027-03-01 (87 days)"`, counted from `now` (Unix s).
+    pub fn describe(&self, now: i64) -> String {
+        let days = (self.not_after - now).div_euclid(86_400);
+        let left = if self.not_after <= now {
+            "EXPIRED".to_string()
+        } else if days == 1 {
+            "1 day".to_string()
+        } else {
+            format!("{days} days")
+        };
+        format!(
+            "for {}, expires {} ({left})",
+            self.names.join(", "),
+            utc_date(self.not_after)
+        )
+    }
+}
+
+/// The UTC calendar date of a Unix time, `YYYY-MM-DD` (the proleptic Gregorian calendar, as
+/// X.509 times are).
+fn utc_date(secs: i64) -> String {
+    // Days since 1970-01-01 to a civil date (H. Hinnant's algorithm).
+    let z = secs.div_euclid(86_400) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+/// Reads `cert_file` (the chain, leaf first) and `key_file` and checks that the key is the leaf's.
+pub fn load(cert_file: &Path, key_file: &Path) -> Result<Served, TlsError> {
+    let cert_name = cert_file.display().to_string();
+    let key_name = key_file.display().to_string();
+    let cert_err = |m: String| TlsError::Cert(cert_name.clone(), m);
+    let key_err = |m: String| TlsError::Key(key_name.clone(), m);
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_file)
+        .map_err(|e| cert_err(e.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| cert_err(e.to_string()))?;
+    let Some(leaf) = certs.first() else {
+        return Err(cert_err("no PEM certificate in it".into()));
+    };
+    let served = describe(leaf).map_err(cert_err)?;
+    let key = PrivateKeyDer::from_pem_file(key_file).map_err(|e| key_err(e.to_string()))?;
+    let signer = rustls::crypto::ring::sign::any_supported_type(&key)
+        .map_err(|e| key_err(format!("unsupported private key: {e}")))?;
+    let pair = rustls::sign::CertifiedKey::new(certs, signer);
+    if pair.keys_match().is_err() {
+        return Err(TlsError::Mismatch {
+            cert: cert_name,
+            key: key_name,
+        });
+    }
+    Ok(served)
+}
+
+/// The names and expiry of a DER certificate.
+fn describe(der: &CertificateDer<'_>) -> Result<Served, String> {
+    use x509_parser::extensions::GeneralName;
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref())
+        .map_err(|e| format!("not an X.509 certificate: {e}"))?;
+    let mut names: Vec<String> = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            match name {
+                GeneralName::DNSName(dns) => names.push((*dns).to_string()),
+                GeneralName::IPAddress(ip) => match ip.len() {
+                    4 => names.push(
+                        std::net::Ipv4Addr::from(<[u8; 4]>::try_from(*ip).unwrap()).to_string(),
+                    ),
+                    16 => names.push(
+                        std::net::Ipv6Addr::from(<[u8; 16]>::try_from(*ip).unwrap()).to_string(),
+                    ),
+                    _ => {}
+                },
+                _ => {}
+            }
+        }
+    }
+    if names.is_empty() {
+        names.extend(
+            cert.subject()
+                .iter_common_name()
+                .filter_map(|cn| cn.as_str().ok().map(str::to_string)),
+        );
+    }
+    Ok(Served {
+        names,
+        not_after: cert.validity().not_after.timestamp(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_are_utc_calendar_dates() {
+        assert_eq!(utc_date(0), "1970-01-01");
+        assert_eq!(utc_date(951_782_400), "2000-02-29");
+        assert_eq!(utc_date(1_798_761_599), "2026-12-31");
+        assert_eq!(utc_date(-1), "1969-12-31");
+    }
+
+    #[test]
+    fn describes_names_expiry_and_days_left() {
+        let s = Served {
+            names: vec!["a.example".into(), "127.0.0.1".into()],
+            not_after: 1_800_000_000,
+        };
+        assert_eq!(
+            s.describe(1_800_000_000 - 10 * 86_400),
+            "for a.example, 127.0.0.1, expires 2027-01-15 (10 days)"
+        );
+        assert!(s.describe(1_800_000_001).ends_with("(EXPIRED)"));
+    }
+}

@@ -1,0 +1,149 @@
+//! A listener that terminates TLS: curl over HTTPS against certificates made by openssl, limits
+//! counted as on cleartext, `X-Forwarded-Proto: https`, `--check` describing the certificate, and a
+//! bad pair refused with the field it came from.
+
+use crate::support::proxy::{Proxy, BIN};
+use crate::support::tls::certificates;
+use crate::support::upstream::Upstream;
+use crate::support::wait_for;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+/// A config whose first listener is TLS with `cert` and `key` (files in `dir`).
+fn config(dir: &Path, cert: &str, key: &str, upstream: &Upstream) -> String {
+    format!(
+        "listen:\n  - address: \"{{listen}}\"\n    tls: {{ cert_file: \"{}\", key_file: \"{}\" }}\n\
+         admin: \"{{admin}}\"\nroutes:\n  - name: api\n    upstream: \"{}\"\n    \
+         limits: [{{ name: per_key, capacity: 2, refill: \"1/h\", key: \"header:X-Api-Key\" }}]\n",
+        dir.join(cert).display(),
+        dir.join(key).display(),
+        upstream.addr
+    )
+}
+
+/// curl over HTTPS, trusting only the test CA: (status, response headers).
+fn curl(dir: &Path, port: u16, key: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-s", "-i", "--max-time", "10", "--cacert"])
+        .arg(dir.join("ca.crt"))
+        .args(["-H", &format!("X-Api-Key: {key}")])
+        .arg(format!("https://localhost:{port}/hello"))
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("curl: {text:?} {}", String::from_utf8_lossy(&out.stderr)));
+    (status, text.to_ascii_lowercase())
+}
+
+#[test]
+fn a_tls_listener_serves_https_and_limits_it_as_cleartext() {
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&config(dir.path(), "server.crt", "server.key", &upstream));
+    let port = proxy.addr.port();
+
+    let (status, head) = curl(dir.path(), port, "alice");
+    assert_eq!(status, 200, "{head}");
+    assert!(head.contains("x-ratelimit-remaining: 1"), "{head}");
+    assert_eq!(upstream.last_header("x-forwarded-proto"), ["https"]);
+    assert_eq!(curl(dir.path(), port, "alice").0, 200);
+    let (status, head) = curl(dir.path(), port, "alice");
+    assert_eq!(status, 429, "{head}");
+    assert!(head.contains("retry-after:"), "{head}");
+    assert_eq!(
+        upstream.hits(),
+        2,
+        "the refused request never reached the upstream"
+    );
+    assert_eq!(proxy.decisions("api", "rejected"), 1);
+
+    // Cleartext on the TLS port gets a TLS alert, not HTTP.
+    let mut plain = TcpStream::connect(proxy.addr).unwrap();
+    plain
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    plain
+        .write_all(b"GET /hello HTTP/1.1\r\nHost: localhost\r\nX-Api-Key: bob\r\n\r\n")
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = plain.read_to_end(&mut answer);
+    assert!(!answer.starts_with(b"HTTP/"), "{answer:?}");
+    assert_eq!(upstream.hits(), 2);
+
+    // A renewed pair (another CA's, here) is read by the next reload, which says `listen` needs a
+    // restart; the running certificate goes on serving.
+    let renewed = tempfile::tempdir().unwrap();
+    certificates(renewed.path());
+    for file in ["server.crt", "server.key"] {
+        std::fs::copy(renewed.path().join(file), dir.path().join(file)).unwrap();
+    }
+    proxy.signal("-HUP");
+    wait_for("the reload to name listen", Duration::from_secs(10), || {
+        let log = proxy.stderr();
+        log.lines()
+            .any(|l| l.contains("need a restart") && l.contains("listen"))
+            .then_some(())
+    });
+    assert_eq!(curl(dir.path(), port, "carol").0, 200);
+}
+
+#[test]
+fn check_describes_the_certificate_and_refuses_a_key_of_another() {
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    let upstream = Upstream::start();
+    let run = |yaml: String| {
+        let file = dir.path().join("routes.yaml");
+        let yaml = yaml
+            .replace("{listen}", "127.0.0.1:8443")
+            .replace("{admin}", "127.0.0.1:9091");
+        std::fs::write(&file, yaml).unwrap();
+        let out = Command::new(BIN)
+            .arg("--config")
+            .arg(&file)
+            .arg("--check")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+
+    let (code, stdout, stderr) = run(config(dir.path(), "server.crt", "server.key", &upstream));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains("listen 127.0.0.1:8443: TLS for 127.0.0.1, localhost, expires "),
+        "{stdout}"
+    );
+
+    // The CA's key with the server's certificate: not a pair.
+    let (code, _, stderr) = run(config(dir.path(), "server.crt", "ca.key", &upstream));
+    assert_eq!(code, Some(2), "{stderr}");
+    let file = dir.path().join("routes.yaml").display().to_string();
+    assert_eq!(
+        stderr.trim(),
+        format!(
+            "{file}:3: listen[0].tls.key_file: {} is not the private key of the certificate in {}",
+            dir.path().join("ca.key").display(),
+            dir.path().join("server.crt").display()
+        )
+    );
+
+    // A certificate file that is not there.
+    let (code, _, stderr) = run(config(dir.path(), "nowhere.crt", "server.key", &upstream));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains(":3: listen[0].tls.cert_file: cannot read "),
+        "{stderr}"
+    );
+}
