@@ -6,9 +6,7 @@ use std::fmt::Write;
 
 pub fn route_table(config: &Config) -> String {
     let mut out = String::new();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
+    let now = crate::tls::unix_now();
     for l in &config.listen {
         if let Some(tls) = &l.tls {
             let _ = writeln!(out, "listen {}: TLS {}", l.addr, tls.served.describe(now));

@@ -4,12 +4,14 @@
 //! A new config is validated whole before anything changes; an invalid one is refused with the same
 //! messages as `--check` and the running config stays. Settings that live in sockets or
 //! connections (listen, admin, redis, shutdown grace, memory store) cannot change live: a reload
-//! keeps their running values and says which ones need a restart. Buckets are untouched, so a limit
+//! keeps their running values and says which ones need a restart. A TLS listener's certificate is
+//! the exception: on the same sockets, a renewed pair is put in place for new connections. Buckets are untouched, so a limit
 //! whose key is unchanged keeps its state (see `lua/token_bucket.lua` for a changed limit).
 
 use crate::config::{Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::plan::{Plan, PlanError};
+use crate::tls::Resolvers;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
@@ -44,18 +46,27 @@ pub struct Reloader {
     path: PathBuf,
     plan: LivePlan,
     metrics: Metrics,
+    /// Where a renewed certificate of a TLS listener is put in place.
+    resolvers: Resolvers,
     /// The config the live plan was compiled from, and the hash of its file.
     running: Mutex<(Config, String)>,
 }
 
 impl Reloader {
-    pub fn new(path: &Path, config: Config, plan: LivePlan, metrics: Metrics) -> Reloader {
+    pub fn new(
+        path: &Path,
+        config: Config,
+        plan: LivePlan,
+        metrics: Metrics,
+        resolvers: Resolvers,
+    ) -> Reloader {
         let hash = file_hash(path).unwrap_or_default();
         metrics.config_running(&hash);
         Reloader {
             path: path.to_path_buf(),
             plan,
             metrics,
+            resolvers,
             running: Mutex::new((config, hash)),
         }
     }
@@ -63,6 +74,25 @@ impl Reloader {
     /// The hash of the config that is running.
     pub fn running_hash(&self) -> String {
         self.lock().1.clone()
+    }
+
+    /// One hash of the config file and of every TLS listener's certificate and key files: what
+    /// the watcher compares, so that a renewed certificate is picked up like an edited config.
+    fn watched_hash(&self) -> Option<String> {
+        let files: Vec<PathBuf> = self
+            .lock()
+            .0
+            .listen
+            .iter()
+            .filter_map(|l| l.tls.as_ref())
+            .flat_map(|t| [t.cert_file.clone(), t.key_file.clone()])
+            .collect();
+        let mut sha = sha1_smol::Sha1::from(std::fs::read(&self.path).ok()?);
+        for file in files {
+            // An unreadable file hashes as empty: its reload is tried, and refused, once.
+            sha.update(&std::fs::read(file).unwrap_or_default());
+        }
+        Some(sha.digest().to_string())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, (Config, String)> {
@@ -83,9 +113,22 @@ impl Reloader {
         let mut running = self.lock();
         let old = &running.0;
         let mut needs_restart = Vec::new();
-        if new.listen != old.listen {
+        // The same sockets, TLS where it was: certificates change in place; anything else
+        // about the listeners needs a restart.
+        let same_sockets = new.listen.len() == old.listen.len()
+            && new
+                .listen
+                .iter()
+                .zip(&old.listen)
+                .all(|(n, o)| n.addr == o.addr && n.tls.is_some() == o.tls.is_some());
+        let renewed: Vec<usize> = if same_sockets {
+            (0..new.listen.len())
+                .filter(|&i| new.listen[i].tls != old.listen[i].tls)
+                .collect()
+        } else {
             needs_restart.push("listen");
-        }
+            Vec::new()
+        };
         if new.admin != old.admin {
             needs_restart.push("admin");
         }
@@ -101,7 +144,9 @@ impl Reloader {
         if new.downstream != old.downstream {
             needs_restart.push("downstream");
         }
-        new.listen.clone_from(&old.listen);
+        if !same_sockets {
+            new.listen.clone_from(&old.listen);
+        }
         new.admin = old.admin;
         new.redis.clone_from(&old.redis);
         new.shutdown_grace = old.shutdown_grace;
@@ -110,6 +155,15 @@ impl Reloader {
 
         let plan = Plan::compile(&new, &self.metrics)?;
         self.plan.store(Arc::new(plan));
+        for l in renewed.into_iter().map(|i| &new.listen[i]) {
+            let tls = l.tls.as_ref().expect("renewed listeners are TLS");
+            self.resolvers.install(l.addr, tls);
+            log::info!(
+                "listen {}: TLS certificate reloaded, {}",
+                l.addr,
+                tls.served.describe(crate::tls::unix_now())
+            );
+        }
         self.metrics.config_running(&hash);
         let applied = Applied {
             hash: hash.clone(),
@@ -179,22 +233,22 @@ impl BackgroundService for Watcher {
                 None
             }
         };
-        let path = self.reloader.path.clone();
-        let mut previous_poll = file_hash(&path);
+        let watched = || self.reloader.watched_hash();
+        let mut previous_poll = watched();
         // A refused file is tried once, not at every poll.
-        let mut last_tried = Some(self.reloader.running_hash());
+        let mut last_tried = previous_poll.clone();
         let mut ticker = tokio::time::interval(self.poll);
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
                 Some(()) = async { hangup.as_mut()?.recv().await } => {
                     self.reloader.reload_and_log("SIGHUP");
-                    last_tried = file_hash(&path);
+                    last_tried = watched();
                 }
                 _ = ticker.tick() => {
-                    let now = file_hash(&path);
+                    let now = watched();
                     if now.is_some() && now == previous_poll && now != last_tried {
-                        self.reloader.reload_and_log("config file changed");
+                        self.reloader.reload_and_log("config or certificate file changed");
                         last_tried = now.clone();
                     }
                     previous_poll = now;

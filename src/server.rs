@@ -19,6 +19,7 @@ use crate::metrics::Metrics;
 use crate::plan::{Plan, PlanError};
 use crate::proxy::RateLimitProxy;
 use crate::reload::{LivePlan, Reloader, Watcher};
+use crate::tls::Resolvers;
 use arc_swap::ArcSwap;
 use pingora::listeners::tls::TlsSettings;
 use pingora::server::configuration::{Opt, ServerConf};
@@ -82,13 +83,17 @@ pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), Start
     let registry = prometheus::default_registry().clone();
     let metrics = Metrics::new(&registry)?;
     let plan: LivePlan = Arc::new(ArcSwap::from_pointee(Plan::compile(&config, &metrics)?));
+    let resolvers = Resolvers::new(&config.listen);
+    registry.register(Box::new(resolvers.clone()))?;
     let parts = Parts {
         reloader: Arc::new(Reloader::new(
             path,
             config.clone(),
             plan.clone(),
             metrics.clone(),
+            resolvers.clone(),
         )),
+        resolvers,
         plan,
         registry,
         metrics: metrics.clone(),
@@ -152,6 +157,8 @@ pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), Start
 
 struct Parts {
     plan: LivePlan,
+    /// Each TLS listener's certificate, which reloads replace.
+    resolvers: Resolvers,
     reloader: Arc<Reloader>,
     registry: prometheus::Registry,
     metrics: Metrics,
@@ -229,14 +236,14 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
         let addr = listener.addr.to_string();
         match &listener.tls {
             None => proxy.add_tcp(&addr),
-            Some(tls) => {
+            Some(_) => {
                 // HTTP/1.1 only for now (no ALPN h2): the head is read by `downstream`, which
-                // speaks HTTP/1.1. The pair was read and matched when the config was loaded.
-                let settings = TlsSettings::intermediate(
-                    &tls.cert_file.display().to_string(),
-                    &tls.key_file.display().to_string(),
-                )
-                .map_err(|e| StartError::Tls(e.to_string()))?;
+                // speaks HTTP/1.1. The pair was read and matched when the config was loaded; the
+                // resolver serves it until a reload puts another in its place.
+                let mut settings = TlsSettings::intermediate("", "")
+                    .map_err(|e| StartError::Tls(e.to_string()))?;
+                let resolver = parts.resolvers.get(listener.addr);
+                settings.set_cert_resolver(resolver.expect("a resolver per TLS listener"));
                 proxy.add_tls_with_settings(&addr, None, settings);
             }
         }

@@ -1,11 +1,130 @@
 //! A TLS listener's certificate and key: read, checked to belong together, and described (the
-//! names it serves, when it expires) for `--check` and the logs. Pingora's rustls listener reads
-//! the same files when it starts; reading them here first turns a bad pair into a config problem
-//! instead of a panic inside Pingora.
+//! names it serves, when it expires) for `--check` and the logs; and served through a resolver of
+//! our own, so that a reload can put a renewed pair in place for new connections without a restart
+//! (Pingora's listener would read the files once). A bad pair is a config problem, never a panic
+//! inside Pingora.
 
+use crate::config::{Listener, TlsListener};
+use arc_swap::ArcSwap;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{IntGaugeVec, Opts};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+/// A certificate chain with its key, ready to serve. Equal when the chains are.
+#[derive(Clone)]
+pub struct Pair(pub Arc<CertifiedKey>);
+
+impl PartialEq for Pair {
+    fn eq(&self, other: &Pair) -> bool {
+        self.0.cert == other.0.cert
+    }
+}
+
+impl Eq for Pair {}
+
+impl std::fmt::Debug for Pair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pair({} certificates)", self.0.cert.len())
+    }
+}
+
+/// What one TLS listener serves: the pair a reload last put in place.
+#[derive(Debug)]
+pub struct Resolver {
+    current: ArcSwap<CertifiedKey>,
+    /// Its leaf's notAfter (Unix s).
+    not_after: AtomicI64,
+}
+
+impl Resolver {
+    fn new(tls: &TlsListener) -> Arc<Resolver> {
+        Arc::new(Resolver {
+            current: ArcSwap::new(tls.pair.0.clone()),
+            not_after: AtomicI64::new(tls.served.not_after),
+        })
+    }
+}
+
+impl ResolvesServerCert for Resolver {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.load_full())
+    }
+}
+
+/// Every TLS listener's resolver, by address: where a reload puts renewed certificates. Also the
+/// collector of `ratelimit_tls_cert_expiry_seconds`, worked out at each scrape.
+#[derive(Debug, Clone)]
+pub struct Resolvers {
+    listeners: Vec<(SocketAddr, Arc<Resolver>)>,
+    expiry: IntGaugeVec,
+}
+
+impl Resolvers {
+    /// A resolver for each TLS listener, serving its pair until a reload replaces it.
+    pub fn new(listen: &[Listener]) -> Resolvers {
+        let expiry = IntGaugeVec::new(
+            Opts::new(
+                "ratelimit_tls_cert_expiry_seconds",
+                "Seconds until the certificate a TLS listener serves expires (negative: expired)",
+            ),
+            &["listener"],
+        )
+        .expect("a valid metric definition");
+        Resolvers {
+            listeners: listen
+                .iter()
+                .filter_map(|l| Some((l.addr, Resolver::new(l.tls.as_ref()?))))
+                .collect(),
+            expiry,
+        }
+    }
+
+    /// The resolver of the TLS listener at `addr`.
+    pub fn get(&self, addr: SocketAddr) -> Option<Arc<Resolver>> {
+        self.listeners
+            .iter()
+            .find(|(a, _)| *a == addr)
+            .map(|(_, r)| r.clone())
+    }
+
+    /// New connections to `addr` get `tls`'s pair from now on; `false` when no TLS listener is
+    /// there.
+    pub fn install(&self, addr: SocketAddr, tls: &TlsListener) -> bool {
+        match self.get(addr) {
+            Some(r) => {
+                r.current.store(tls.pair.0.clone());
+                r.not_after.store(tls.served.not_after, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Collector for Resolvers {
+    fn desc(&self) -> Vec<&Desc> {
+        self.expiry.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let now = unix_now();
+        for (addr, r) in &self.listeners {
+            let left = r.not_after.load(Ordering::Relaxed) - now;
+            self.expiry
+                .with_label_values(&[addr.to_string().as_str()])
+                .set(left);
+        }
+        self.expiry.collect()
+    }
+}
 
 /// What a valid pair serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +173,13 @@ impl Served {
     }
 }
 
+/// Seconds since the Unix epoch, now.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
 /// The UTC calendar date of a Unix time, `YYYY-MM-DD` (the proleptic Gregorian calendar, as
 /// X.509 times are).
 fn utc_date(secs: i64) -> String {
@@ -71,7 +197,7 @@ fn utc_date(secs: i64) -> String {
 }
 
 /// Reads `cert_file` (the chain, leaf first) and `key_file` and checks that the key is the leaf's.
-pub fn load(cert_file: &Path, key_file: &Path) -> Result<Served, TlsError> {
+pub fn load(cert_file: &Path, key_file: &Path) -> Result<(Served, Pair), TlsError> {
     let cert_name = cert_file.display().to_string();
     let key_name = key_file.display().to_string();
     let cert_err = |m: String| TlsError::Cert(cert_name.clone(), m);
@@ -87,14 +213,14 @@ pub fn load(cert_file: &Path, key_file: &Path) -> Result<Served, TlsError> {
     let key = PrivateKeyDer::from_pem_file(key_file).map_err(|e| key_err(e.to_string()))?;
     let signer = rustls::crypto::ring::sign::any_supported_type(&key)
         .map_err(|e| key_err(format!("unsupported private key: {e}")))?;
-    let pair = rustls::sign::CertifiedKey::new(certs, signer);
+    let pair = CertifiedKey::new(certs, signer);
     if pair.keys_match().is_err() {
         return Err(TlsError::Mismatch {
             cert: cert_name,
             key: key_name,
         });
     }
-    Ok(served)
+    Ok((served, Pair(Arc::new(pair))))
 }
 
 /// The names and expiry of a DER certificate.

@@ -113,6 +113,8 @@ pub struct TlsListener {
     pub key_file: std::path::PathBuf,
     /// What the certificate serves, as it was when the config was loaded.
     pub served: crate::tls::Served,
+    /// The chain and key read then.
+    pub pair: crate::tls::Pair,
 }
 
 /// Where the buckets live.

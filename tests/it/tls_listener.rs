@@ -64,6 +64,12 @@ fn a_tls_listener_serves_https_and_limits_it_as_cleartext() {
         "the refused request never reached the upstream"
     );
     assert_eq!(proxy.decisions("api", "rejected"), 1);
+    // The certificate was made to last one day.
+    let left = proxy.metric(&format!(
+        "ratelimit_tls_cert_expiry_seconds{{listener=\"{}\"}}",
+        proxy.addr
+    ));
+    assert!(0.0 < left && left <= 86_400.0, "{left}");
 
     // Cleartext on the TLS port gets a TLS alert, not HTTP.
     let mut plain = TcpStream::connect(proxy.addr).unwrap();
@@ -77,22 +83,60 @@ fn a_tls_listener_serves_https_and_limits_it_as_cleartext() {
     let _ = plain.read_to_end(&mut answer);
     assert!(!answer.starts_with(b"HTTP/"), "{answer:?}");
     assert_eq!(upstream.hits(), 2);
+}
 
-    // A renewed pair (another CA's, here) is read by the next reload, which says `listen` needs a
-    // restart; the running certificate goes on serving.
+/// A renewed certificate (as certbot writes it: new files in place) is served to new connections
+/// once the watcher sees the files change, without a signal or a restart and with the buckets kept;
+/// a broken pair on a later reload (SIGHUP) is refused like a bad config, and the certificate in
+/// place goes on serving.
+#[test]
+fn a_renewed_certificate_is_served_after_a_reload_and_a_broken_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&config(dir.path(), "server.crt", "server.key", &upstream));
+    let port = proxy.addr.port();
+    assert_eq!(curl(dir.path(), port, "alice").0, 200);
+
+    // Renewed by another CA, so which certificate is served shows in which CA curl must trust.
     let renewed = tempfile::tempdir().unwrap();
     certificates(renewed.path());
     for file in ["server.crt", "server.key"] {
         std::fs::copy(renewed.path().join(file), dir.path().join(file)).unwrap();
     }
-    proxy.signal("-HUP");
-    wait_for("the reload to name listen", Duration::from_secs(10), || {
-        let log = proxy.stderr();
-        log.lines()
-            .any(|l| l.contains("need a restart") && l.contains("listen"))
+    wait_for("the renewed certificate", Duration::from_secs(10), || {
+        proxy
+            .stderr()
+            .contains("TLS certificate reloaded")
             .then_some(())
     });
-    assert_eq!(curl(dir.path(), port, "carol").0, 200);
+    let (status, head) = curl(renewed.path(), port, "alice");
+    assert_eq!(status, 200, "served with the renewed certificate");
+    assert!(
+        head.contains("x-ratelimit-remaining: 0"),
+        "the bucket kept: {head}"
+    );
+    let old = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "--max-time", "10", "--cacert"])
+        .arg(dir.path().join("ca.crt"))
+        .arg(format!("https://localhost:{port}/hello"))
+        .status()
+        .unwrap();
+    assert!(
+        !old.success(),
+        "the old CA no longer verifies what is served"
+    );
+
+    // A key that is not the certificate's: refused, counted, and the renewed pair stays.
+    std::fs::copy(renewed.path().join("ca.key"), dir.path().join("server.key")).unwrap();
+    proxy.signal("-HUP");
+    wait_for("the refused reload", Duration::from_secs(10), || {
+        (proxy.metric("ratelimit_config_reloads_total{result=\"failure\"}") >= 1.0).then_some(())
+    });
+    assert!(proxy
+        .stderr()
+        .contains("is not the private key of the certificate"));
+    assert_eq!(curl(renewed.path(), port, "bob").0, 200);
 }
 
 #[test]

@@ -385,10 +385,11 @@ impl Validator<'_> {
         let key_file = file(self, "key_file", raw.key_file);
         let (cert_file, key_file) = (cert_file?, key_file?);
         match crate::tls::load(&cert_file, &key_file) {
-            Ok(served) => Some(TlsListener {
+            Ok((served, pair)) => Some(TlsListener {
                 cert_file,
                 key_file,
                 served,
+                pair,
             }),
             Err(e) => {
                 let field = if e.is_key() { "key_file" } else { "cert_file" };
