@@ -24,12 +24,14 @@ impl State {
     /// `v` in `p`'s units: the tokens held carry over a limit change, rounded down, and never
     /// exceed the capacity (a shrunk limit must not keep the old burst).
     fn rescaled(&self, p: &BucketParams) -> u64 {
-        let v = if self.scale == p.scale || self.scale == 0 {
-            self.v
-        } else {
-            (u128::from(self.v) * u128::from(p.scale) / u128::from(self.scale)) as u64
-        };
-        v.min(p.capacity * p.scale)
+        let cap = p.capacity * p.scale;
+        if self.scale == p.scale || self.scale == 0 {
+            return self.v.min(cap);
+        }
+        // Capped before it is narrowed: converted to a much finer scale, a bucket can hold more
+        // than u64 counts (it is full then), and `as u64` would keep only the low bits.
+        let v = u128::from(self.v) * u128::from(p.scale) / u128::from(self.scale);
+        v.min(u128::from(cap)) as u64
     }
 }
 
@@ -163,6 +165,25 @@ mod tests {
         num: 1,
         cost: 1,
     };
+
+    /// 143,688,200,674 tokens at 1000000/s (scale 1) reloaded to capacity 104,249 at 1/d (scale
+    /// 86,400,000,000): 1.2 × 10^22 units, more than u64 counts, and full. Found by the
+    /// differential proof: narrowed before it was capped, the bucket came out 0.15 token short.
+    #[test]
+    fn a_reload_to_a_much_finer_scale_caps_before_it_narrows() {
+        let daily = BucketParams {
+            capacity: 104_249,
+            scale: 86_400_000_000,
+            num: 1,
+            cost: 1,
+        };
+        let s = State {
+            v: 143_688_200_674,
+            t: 0,
+            scale: 1,
+        };
+        assert_eq!(s.rescaled(&daily), 104_249 * 86_400_000_000);
+    }
 
     #[test]
     fn burst_then_reject_then_exact_refill() {
