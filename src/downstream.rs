@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use bytes::BytesMut;
 use pingora::apps::{HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
-use pingora::protocols::Stream;
+use pingora::protocols::{Stream, ALPN};
 use pingora::server::ShutdownWatch;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -103,6 +103,11 @@ where
             return None;
         };
         let _open = self.metrics.as_ref().map(Metrics::connection_open);
+        if matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) {
+            // HTTP/2 (negotiated by ALPN on a TLS listener): Pingora's own HTTP/2 server, which
+            // frames each request itself; the connection still holds its place under the cap.
+            return ServerApp::process_new(&self.app, stream, shutdown).await;
+        }
         let mut conn = Box::new(ClientConn::new(stream));
         let mut settings = None;
         let mut first = true;

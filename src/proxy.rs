@@ -64,10 +64,15 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         let plan = self.plan.load_full();
         let req = session.req_header();
+        // HTTP/2 names the host in `:authority`, which Pingora keeps in the URI.
+        let pseudo = (req.version == http::Version::HTTP_2)
+            .then(|| req.uri.authority().map(|a| a.as_str().as_bytes()))
+            .flatten();
         let canonical = canonical::request(
             req.method.as_str(),
             req.raw_path(),
             req.version,
+            pseudo,
             &req.headers,
             plan.path_escaped_slashes,
         );

@@ -60,6 +60,9 @@ pub enum StartError {
     Tls(String),
 }
 
+/// Streams one HTTP/2 connection may have open at once (nginx's and Envoy's usual 100).
+const MAX_CONCURRENT_STREAMS: u32 = 100;
+
 /// Denials remembered at most (see `deny_cache`).
 const DENY_CACHE_ENTRIES: usize = 100_000;
 
@@ -224,10 +227,18 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
         .map(|redis| DenyCache::new(DENY_CACHE_ENTRIES, redis.timeout));
     let fallback = MemoryLimiter::new(SystemClock, config.memory.max_keys);
     let gate = Gate::new(limiter.clone(), deny_cache, fallback, SystemClock);
-    let proxy = pingora::proxy::http_proxy(
+    let mut proxy = pingora::proxy::http_proxy(
         &server.configuration,
         RateLimitProxy::new(parts.plan.clone(), gate, parts.metrics.clone()),
     );
+    // HTTP/2 connections (ALPN h2) are Pingora's: bound their streams, and close them when idle
+    // as an HTTP/1.1 keep-alive is (its HTTP/2 server has no idle timeout of its own).
+    let mut h2 = pingora::protocols::http::v2::server::default_h2_options();
+    h2.max_concurrent_streams(MAX_CONCURRENT_STREAMS);
+    proxy.h2_options = Some(h2);
+    let mut options = pingora::apps::HttpServerOptions::default();
+    options.h2_idle_timeout = Some(config.downstream.idle_timeout);
+    proxy.server_options = Some(options);
     let mut proxy = Service::new(
         "ratelimit-proxy".to_string(),
         Connections::new(proxy, config.downstream, parts.metrics),
@@ -236,12 +247,15 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
         let addr = listener.addr.to_string();
         match &listener.tls {
             None => proxy.add_tcp(&addr),
-            Some(_) => {
+            Some(tls) => {
                 // HTTP/1.1 only for now (no ALPN h2): the head is read by `downstream`, which
                 // speaks HTTP/1.1. The pair was read and matched when the config was loaded; the
                 // resolver serves it until a reload puts another in its place.
                 let mut settings = TlsSettings::intermediate("", "")
                     .map_err(|e| StartError::Tls(e.to_string()))?;
+                if tls.http2 {
+                    settings.enable_h2();
+                }
                 let resolver = parts.resolvers.get(listener.addr);
                 settings.set_cert_resolver(resolver.expect("a resolver per TLS listener"));
                 proxy.add_tls_with_settings(&addr, None, settings);

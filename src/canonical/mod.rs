@@ -141,11 +141,14 @@ pub struct Request<'a> {
 }
 
 /// Puts a request head in canonical form: its target (see [`target`]) and its host, from an
-/// absolute-form target or else the one Host header, which HTTP/1.1 requires (RFC 9112 §3.2).
+/// absolute-form target, else HTTP/2's `:authority` (`pseudo`), else the one Host header, which
+/// HTTP/1.1 requires (RFC 9112 §3.2). An HTTP/2 request whose Host differs from its
+/// `:authority` is refused (RFC 9113 §8.3.1 asks for them to agree).
 pub fn request<'a>(
     method: &str,
     raw_target: &'a [u8],
     version: http::Version,
+    pseudo: Option<&'a [u8]>,
     headers: &'a http::HeaderMap,
     slashes: EscapedSlashes,
 ) -> Result<Request<'a>, Refused> {
@@ -155,11 +158,22 @@ pub fn request<'a>(
     if second.is_some() {
         return Err(Refused::BadHost);
     }
-    let host = match (target.authority, first) {
-        (Some(authority), _) => Some(host(authority)?),
-        (None, Some(value)) => Some(host(value.as_bytes())?),
-        (None, None) if version >= http::Version::HTTP_11 => return Err(Refused::BadHost),
-        (None, None) => None,
+    let host = match (target.authority, pseudo, first) {
+        (Some(authority), _, _) => Some(host(authority)?),
+        (None, Some(authority), Some(value))
+            if !authority.eq_ignore_ascii_case(value.as_bytes()) =>
+        {
+            return Err(Refused::BadHost)
+        }
+        (None, Some(authority), _) => {
+            // The upstream speaks HTTP/1.1: it is told the host in a Host header.
+            let mut h = host(authority)?;
+            h.as_sent = false;
+            Some(h)
+        }
+        (None, None, Some(value)) => Some(host(value.as_bytes())?),
+        (None, None, None) if version >= http::Version::HTTP_11 => return Err(Refused::BadHost),
+        (None, None, None) => None,
     };
     Ok(Request { target, host })
 }
@@ -242,6 +256,34 @@ mod tests {
         }
     }
 
+    /// HTTP/2 names the host in `:authority`; a Host header beside it must agree.
+    #[test]
+    fn http2_takes_the_host_from_its_authority() {
+        let decide = |authority: &[u8], host: Option<&str>| {
+            let mut headers = http::HeaderMap::new();
+            if let Some(h) = host {
+                headers.insert(http::header::HOST, h.parse().unwrap());
+            }
+            request(
+                "GET",
+                b"/x",
+                http::Version::HTTP_2,
+                Some(authority),
+                &headers,
+                EscapedSlashes::Reject,
+            )
+            .map(|r| (r.host.as_ref().map(|h| h.name.to_string()), r.rewrite(false).host))
+        };
+        let told = Ok((Some("api.example.com".into()), Some("api.example.com:8443".into())));
+        assert_eq!(decide(b"API.example.com:8443", None), told);
+        assert_eq!(decide(b"api.example.com:8443", Some("api.example.com:8443")), told);
+        assert_eq!(
+            decide(b"api.example.com", Some("other.example.com")),
+            Err(Refused::BadHost)
+        );
+        assert_eq!(decide(b"a/b", None), Err(Refused::BadHost));
+    }
+
     #[test]
     fn the_upstream_is_told_only_what_the_client_spelled_differently() {
         let rewrite = |target: &[u8], host: &str, preserve: bool| {
@@ -251,6 +293,7 @@ mod tests {
                 "GET",
                 target,
                 http::Version::HTTP_11,
+                None,
                 &headers,
                 EscapedSlashes::Reject,
             )

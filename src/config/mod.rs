@@ -109,6 +109,8 @@ pub struct Listener {
 /// loaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsListener {
+    /// Offer HTTP/2 by ALPN (h2, then http/1.1); `false`: HTTP/1.1 only.
+    pub http2: bool,
     pub cert_file: std::path::PathBuf,
     pub key_file: std::path::PathBuf,
     /// What the certificate serves, as it was when the config was loaded.

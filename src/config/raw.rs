@@ -37,6 +37,7 @@ pub(super) enum OneOrMany {
 pub(super) struct RawListener {
     pub address: Option<String>,
     pub tls: Option<RawTls>,
+    pub http2: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -191,3 +191,48 @@ fn check_describes_the_certificate_and_refuses_a_key_of_another() {
         "{stderr}"
     );
 }
+
+/// HTTP/2 is offered by ALPN (`http2` defaults to true on TLS): each request on one connection is
+/// decided on its own, the upstream is told the host from `:authority`; `http2: false` keeps the
+/// listener to HTTP/1.1.
+#[test]
+fn http2_over_tls_is_decided_per_request_and_can_be_turned_off() {
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    let upstream = Upstream::start();
+    // (HTTP version, status) of each URL, all on one connection when curl can.
+    let curl_many = |port: u16, n: usize| -> Vec<String> {
+        let url = format!("https://localhost:{port}/h2");
+        let out = Command::new("curl")
+            .args(["-s", "--http2", "--max-time", "10", "--cacert"])
+            .arg(dir.path().join("ca.crt"))
+            .args([
+                "-H",
+                "X-Api-Key: h2",
+                "-w",
+                "%{http_version} %{response_code}\\n",
+            ])
+            .args((0..n).flat_map(|_| ["-o", "/dev/null", url.as_str()]))
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+
+    let proxy = Proxy::start(&config(dir.path(), "server.crt", "server.key", &upstream));
+    assert_eq!(curl_many(proxy.addr.port(), 3), ["2 200", "2 200", "2 429"]);
+    assert_eq!(upstream.hits(), 2);
+    assert_eq!(
+        upstream.last_header("host"),
+        [format!("localhost:{}", proxy.addr.port())],
+        "the host of :authority, in a Host header"
+    );
+    assert_eq!(upstream.last_header("x-forwarded-proto"), ["https"]);
+
+    let yaml = config(dir.path(), "server.crt", "server.key", &upstream)
+        .replace("    tls: {", "    http2: false\n    tls: {");
+    let h1 = Proxy::start(&yaml);
+    assert_eq!(curl_many(h1.addr.port(), 1), ["1.1 200"]);
+}

@@ -366,8 +366,21 @@ impl Validator<'_> {
         };
         let addr = self.address(None, at(&path, &["address"]), &address);
         let tls = match raw.tls {
-            None => None,
-            Some(tls) => Some(self.tls(&at(&path, &["tls"]), tls)?),
+            None => {
+                if raw.http2.is_some() {
+                    self.problem(
+                        None,
+                        at(&path, &["http2"]),
+                        "applies to TLS listeners only (cleartext listeners speak HTTP/1.1)",
+                    );
+                    return None;
+                }
+                None
+            }
+            Some(tls) => Some(TlsListener {
+                http2: raw.http2.unwrap_or(true),
+                ..self.tls(&at(&path, &["tls"]), tls)?
+            }),
         };
         Some(Listener { addr: addr?, tls })
     }
@@ -386,6 +399,7 @@ impl Validator<'_> {
         let (cert_file, key_file) = (cert_file?, key_file?);
         match crate::tls::load(&cert_file, &key_file) {
             Ok((served, pair)) => Some(TlsListener {
+                http2: true,
                 cert_file,
                 key_file,
                 served,
