@@ -272,11 +272,22 @@ mod tests {
                 &headers,
                 EscapedSlashes::Reject,
             )
-            .map(|r| (r.host.as_ref().map(|h| h.name.to_string()), r.rewrite(false).host))
+            .map(|r| {
+                (
+                    r.host.as_ref().map(|h| h.name.to_string()),
+                    r.rewrite(false).host,
+                )
+            })
         };
-        let told = Ok((Some("api.example.com".into()), Some("api.example.com:8443".into())));
+        let told = Ok((
+            Some("api.example.com".into()),
+            Some("api.example.com:8443".into()),
+        ));
         assert_eq!(decide(b"API.example.com:8443", None), told);
-        assert_eq!(decide(b"api.example.com:8443", Some("api.example.com:8443")), told);
+        assert_eq!(
+            decide(b"api.example.com:8443", Some("api.example.com:8443")),
+            told
+        );
         assert_eq!(
             decide(b"api.example.com", Some("other.example.com")),
             Err(Refused::BadHost)
