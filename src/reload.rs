@@ -5,8 +5,9 @@
 //! messages as `--check` and the running config stays. Settings that live in sockets or
 //! connections (listen, admin, redis, shutdown grace, memory store) cannot change live: a reload
 //! keeps their running values and says which ones need a restart. A TLS listener's certificate is
-//! the exception: on the same sockets, a renewed pair is put in place for new connections. Buckets are untouched, so a limit
-//! whose key is unchanged keeps its state (see `lua/token_bucket.lua` for a changed limit).
+//! the exception: on the same sockets, a renewed pair is put in place for new connections. Buckets
+//! are untouched, so a limit whose key is unchanged keeps its state (see `lua/token_bucket.lua` for
+//! a changed limit).
 
 use crate::config::{Config, ConfigError};
 use crate::metrics::Metrics;

@@ -248,8 +248,8 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
         match &listener.tls {
             None => proxy.add_tcp(&addr),
             Some(tls) => {
-                // HTTP/1.1 only for now (no ALPN h2): the head is read by `downstream`, which
-                // speaks HTTP/1.1. The pair was read and matched when the config was loaded; the
+                // ALPN h2 (unless `http2: false`) is handed to Pingora's HTTP/2 server by
+                // `downstream`. The pair was read and matched when the config was loaded; the
                 // resolver serves it until a reload puts another in its place.
                 let mut settings = TlsSettings::intermediate("", "")
                     .map_err(|e| StartError::Tls(e.to_string()))?;

@@ -377,16 +377,13 @@ impl Validator<'_> {
                 }
                 None
             }
-            Some(tls) => Some(TlsListener {
-                http2: raw.http2.unwrap_or(true),
-                ..self.tls(&at(&path, &["tls"]), tls)?
-            }),
+            Some(tls) => Some(self.tls(&at(&path, &["tls"]), tls, raw.http2.unwrap_or(true))?),
         };
         Some(Listener { addr: addr?, tls })
     }
 
     /// A listener's certificate and key: both given, readable, and one pair.
-    fn tls(&mut self, base: &[Seg], raw: RawTls) -> Option<TlsListener> {
+    fn tls(&mut self, base: &[Seg], raw: RawTls, http2: bool) -> Option<TlsListener> {
         let file = |v: &mut Self, name: &str, given: Option<String>| match given {
             Some(f) if !f.is_empty() => Some(std::path::PathBuf::from(f)),
             _ => {
@@ -399,7 +396,7 @@ impl Validator<'_> {
         let (cert_file, key_file) = (cert_file?, key_file?);
         match crate::tls::load(&cert_file, &key_file) {
             Ok((served, pair)) => Some(TlsListener {
-                http2: true,
+                http2,
                 cert_file,
                 key_file,
                 served,
