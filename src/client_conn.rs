@@ -28,6 +28,8 @@ pub struct ClientConn {
     inner: Stream,
     /// What may be read after the head: `None` is unbounded (chunked, tunnel).
     allowance: Option<u64>,
+    /// Opened with HTTP/2's preface (h2c): said as ALPN would, so Pingora serves HTTP/2.
+    h2: bool,
     /// Read from the socket but not Pingora's yet: the next request's bytes.
     held: BytesMut,
 }
@@ -37,8 +39,17 @@ impl ClientConn {
         ClientConn {
             inner,
             allowance: None,
+            h2: false,
             held: BytesMut::new(),
         }
+    }
+
+    /// The connection is HTTP/2 from here on; `read` (its preface and what followed) is read
+    /// again first.
+    pub fn speak_h2(&mut self, read: BytesMut) {
+        self.allowance = None;
+        self.held = read;
+        self.h2 = true;
     }
 
     /// Bytes already read for the next head (pipelined behind the last request).
@@ -171,6 +182,9 @@ impl Ssl for ClientConn {
     }
 
     fn selected_alpn_proto(&self) -> Option<ALPN> {
+        if self.h2 {
+            return Some(ALPN::H2);
+        }
         self.inner.selected_alpn_proto()
     }
 }

@@ -19,6 +19,7 @@ use pingora::apps::{HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::{Stream, ALPN};
 use pingora::server::ShutdownWatch;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
@@ -29,9 +30,15 @@ const MAX_HEAD: usize = 1 << 20;
 /// What a head is read into at first, as Pingora does: most heads fit.
 const HEAD_BUFFER: usize = 4096;
 
+/// The first line of HTTP/2's connection preface, and the blank line that ends it as if it were
+/// an HTTP/1.1 head (RFC 9113 §3.4): what a client with prior knowledge sends first.
+const H2_PREFACE_HEAD: &[u8] = b"PRI * HTTP/2.0\r\n\r\n";
+
 pub struct Connections<A> {
     app: Arc<A>,
     limits: Downstream,
+    /// Listeners (`h2c: true`) where a connection may open with HTTP/2's preface.
+    h2c: Vec<SocketAddr>,
     open: Arc<Semaphore>,
     /// `None` for the admin listener: its connections are not the clients' the metrics describe.
     metrics: Option<Metrics>,
@@ -60,8 +67,30 @@ impl<A> Connections<A> {
             app: Arc::new(app),
             open: Arc::new(Semaphore::new(limits.max_connections)),
             limits,
+            h2c: Vec::new(),
             metrics,
         }
+    }
+
+    /// Cleartext HTTP/2 with prior knowledge is accepted on these listeners too.
+    pub fn with_h2c(mut self, listeners: Vec<SocketAddr>) -> Connections<A> {
+        self.h2c = listeners;
+        self
+    }
+
+    /// Whether `stream` came in through an `h2c` listener.
+    fn accepts_h2c(&self, stream: &Stream) -> bool {
+        if self.h2c.is_empty() {
+            return false;
+        }
+        let local = stream
+            .get_socket_digest()
+            .and_then(|d| d.local_addr().and_then(|a| a.as_inet().copied()));
+        local.is_some_and(|local| {
+            self.h2c.iter().any(|l| {
+                l.port() == local.port() && (l.ip().is_unspecified() || l.ip() == local.ip())
+            })
+        })
     }
 
     fn count(&self, why: Closed) {
@@ -69,6 +98,14 @@ impl<A> Connections<A> {
             m.connection_closed(why);
         }
     }
+}
+
+/// What a connection opened with.
+enum Head {
+    /// An HTTP/1.x request head, whole.
+    Http1(BytesMut),
+    /// HTTP/2's preface on an `h2c` listener, and whatever came with it.
+    Http2(BytesMut),
 }
 
 /// How reading a head ended, when it did not yield one.
@@ -108,12 +145,21 @@ where
             // frames each request itself; the connection still holds its place under the cap.
             return ServerApp::process_new(&self.app, stream, shutdown).await;
         }
+        let h2c = self.accepts_h2c(&stream);
         let mut conn = Box::new(ClientConn::new(stream));
         let mut settings = None;
         let mut first = true;
         loop {
-            let head = match self.read_head(&mut conn, first, started, shutdown).await {
-                Ok(head) => head,
+            let head = match self
+                .read_head(&mut conn, first, first && h2c, started, shutdown)
+                .await
+            {
+                Ok(Head::Http1(head)) => head,
+                Ok(Head::Http2(read)) => {
+                    // Pingora's HTTP/2 server reads the preface again from what was read here.
+                    conn.speak_h2(read);
+                    return ServerApp::process_new(&self.app, conn, shutdown).await;
+                }
                 Err(end) => {
                     self.close(&mut conn, end).await;
                     return None;
@@ -154,14 +200,15 @@ where
 
 impl<A> Connections<A> {
     /// Reads the next request head within its deadlines; `conn` is told how long the body after
-    /// it is.
+    /// it is. With `h2c`, HTTP/2's preface is taken as well as a head.
     async fn read_head(
         &self,
         conn: &mut ClientConn,
         first: bool,
+        h2c: bool,
         started: Instant,
         shutdown: &ShutdownWatch,
-    ) -> Result<BytesMut, NoHead> {
+    ) -> Result<Head, NoHead> {
         let mut buf = conn.take_held();
         if buf.is_empty() {
             buf = BytesMut::with_capacity(HEAD_BUFFER);
@@ -178,6 +225,9 @@ impl<A> Connections<A> {
         let mut from = 0;
         loop {
             if let Some(end) = head::end(&buf, from) {
+                if h2c && buf.starts_with(H2_PREFACE_HEAD) {
+                    return Ok(Head::Http2(buf));
+                }
                 // Most heads come alone: no split, which would share the buffer (an allocation).
                 let rest = if end < buf.len() {
                     buf.split_off(end)
@@ -186,7 +236,7 @@ impl<A> Connections<A> {
                 };
                 let body = head::inspect(&buf).map_err(NoHead::Refused)?;
                 conn.next_request(body, rest);
-                return Ok(buf);
+                return Ok(Head::Http1(buf));
             }
             if buf.len() > MAX_HEAD {
                 return Err(NoHead::TooLarge);

@@ -166,26 +166,7 @@ const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#qu
 /// The content type and body of a refusal in the route's chosen format. Written without `format!`:
 /// a client flooding an exhausted key gets one of these per request.
 pub fn refusal_body<'a>(format: &'a DenyFormat, why: &Refusal<'_>) -> (&'a str, String) {
-    let mut detail = String::with_capacity(96);
-    detail.push_str("limit ");
-    for (i, name) in why.violated.iter().enumerate() {
-        if i > 0 {
-            detail.push_str(", ");
-        }
-        detail.push('"');
-        detail.push_str(name);
-        detail.push('"');
-    }
-    detail.push_str(" of route \"");
-    detail.push_str(why.route);
-    match why.retry_after {
-        Some(s) => {
-            detail.push_str("\" is exhausted; retry in ");
-            detail.push_str(text::decimal_str(s, &mut [0; 20]));
-            detail.push_str(" s");
-        }
-        None => detail.push_str("\" needs a key this request does not carry"),
-    }
+    let detail = refusal_detail(why);
     match format {
         DenyFormat::Text => {
             let reason = http::StatusCode::from_u16(why.status)
@@ -214,6 +195,31 @@ pub fn refusal_body<'a>(format: &'a DenyFormat, why: &Refusal<'_>) -> (&'a str, 
             ),
         ),
     }
+}
+
+/// Why a request was refused, in words: `limit "burst" of route "api" is exhausted; retry in 3 s`.
+pub fn refusal_detail(why: &Refusal<'_>) -> String {
+    let mut detail = String::with_capacity(96);
+    detail.push_str("limit ");
+    for (i, name) in why.violated.iter().enumerate() {
+        if i > 0 {
+            detail.push_str(", ");
+        }
+        detail.push('"');
+        detail.push_str(name);
+        detail.push('"');
+    }
+    detail.push_str(" of route \"");
+    detail.push_str(why.route);
+    match why.retry_after {
+        Some(s) => {
+            detail.push_str("\" is exhausted; retry in ");
+            detail.push_str(text::decimal_str(s, &mut [0; 20]));
+            detail.push_str(" s");
+        }
+        None => detail.push_str("\" needs a key this request does not carry"),
+    }
+    detail
 }
 
 fn secs_ceil(us: u64) -> u64 {

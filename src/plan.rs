@@ -11,8 +11,10 @@ use crate::headers::RouteHeaders;
 use crate::key::KeyPlan;
 use crate::limiter::BucketParams;
 use crate::metrics::{Metrics, RouteCounters};
+use crate::peer;
 use crate::route::RouteTable;
 use crate::upstream::UpstreamPool;
+use pingora::upstreams::peer::HttpPeer;
 use std::net::ToSocketAddrs;
 use std::sync::Arc;
 
@@ -30,6 +32,8 @@ pub struct LimitPlan {
 pub struct RoutePlan {
     pub name: String,
     pub upstreams: Arc<UpstreamPool>,
+    /// What each upstream of the pool is sent requests with (scheme, TLS, timeouts), by index.
+    pub peers: Vec<HttpPeer>,
     pub timeouts: UpstreamTimeouts,
     pub health_check: Option<HealthCheck>,
     pub on_redis_error: FailMode,
@@ -98,9 +102,24 @@ impl Plan {
                             .ok_or_else(|| fail("no address".into()))
                     })
                     .collect::<Result<Vec<_>, _>>()?;
+                let templates = r
+                    .upstreams
+                    .iter()
+                    .zip(&peers)
+                    .map(|(up, &addr)| {
+                        peer::build(
+                            addr,
+                            &up.host,
+                            up.scheme,
+                            &r.upstream_tls,
+                            r.upstream_timeouts,
+                        )
+                    })
+                    .collect();
                 Ok(RoutePlan {
                     name: r.name.clone(),
                     upstreams: Arc::new(UpstreamPool::new(peers)),
+                    peers: templates,
                     timeouts: r.upstream_timeouts,
                     health_check: r.health_check.clone(),
                     on_redis_error: r.on_redis_error,

@@ -4,6 +4,7 @@
 use crate::canonical::{self, Refused, Rewrite};
 use crate::clock::SystemClock;
 use crate::gate::{Asking, Gate, Verdict};
+use crate::grpc;
 use crate::head_room;
 use crate::headers::{self, Refusal};
 use crate::limiter::{Decision, Limiter};
@@ -139,12 +140,13 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
     ) -> Result<Box<HttpPeer>> {
         let route = route_of(ctx)
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
-        let (i, addr) = route.upstreams.pick();
-        let timeouts = route.timeouts;
+        let (i, _) = route.upstreams.pick();
+        let peer = route
+            .peers
+            .get(i)
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no such upstream"))?
+            .clone();
         ctx.upstream = Some(i);
-        let mut peer = HttpPeer::new(addr, false, String::new());
-        peer.options.connection_timeout = Some(timeouts.connect);
-        peer.options.read_timeout = Some(timeouts.read);
         Ok(Box::new(peer))
     }
 
@@ -316,8 +318,12 @@ fn route_of(ctx: &RequestCtx) -> Option<&RoutePlan> {
 }
 
 /// Answers a request the gate did not let through: the route's deny response (with the rate-limit
-/// headers when waiting will help), or 503 when the store failed on a route that fails closed.
+/// headers when waiting will help), or 503 when the store failed on a route that fails closed. A
+/// gRPC call gets the same as gRPC statuses instead.
 async fn answer(session: &mut Session, route: &RoutePlan, verdict: Verdict) -> Result<()> {
+    if grpc::is_grpc(&session.req_header().headers) {
+        return answer_grpc(session, route, verdict).await;
+    }
     match verdict {
         Verdict::Pass(..) => Ok(()),
         Verdict::Reject(_, decision, limits) => {
@@ -341,6 +347,63 @@ async fn answer(session: &mut Session, route: &RoutePlan, verdict: Verdict) -> R
             respond(session, 503, "text/plain; charset=utf-8", Vec::new(), body).await
         }
     }
+}
+
+/// A gRPC call's refusal: trailers-only, RESOURCE_EXHAUSTED for a limit (with the rate-limit
+/// fields and `retry-after` as metadata), UNAVAILABLE for a store that failed closed.
+async fn answer_grpc(session: &mut Session, route: &RoutePlan, verdict: Verdict) -> Result<()> {
+    let (code, extra, detail) = match verdict {
+        Verdict::Pass(..) => return Ok(()),
+        Verdict::Reject(_, decision, limits) => {
+            let (extra, why) = route
+                .headers
+                .rejection(&decision, &limits, 200, &route.name);
+            (
+                grpc::RESOURCE_EXHAUSTED,
+                extra,
+                headers::refusal_detail(&why),
+            )
+        }
+        Verdict::MissingKey(i) => {
+            let why = Refusal {
+                status: 200,
+                route: &route.name,
+                violated: vec![route.headers.limit_name(i)],
+                retry_after: None,
+            };
+            (
+                grpc::RESOURCE_EXHAUSTED,
+                Vec::new(),
+                headers::refusal_detail(&why),
+            )
+        }
+        Verdict::Unavailable => (
+            grpc::UNAVAILABLE,
+            Vec::new(),
+            "rate-limit store unavailable".to_string(),
+        ),
+    };
+    let mut resp = ResponseHeader::build_no_case(200, Some(4 + extra.len()))?;
+    resp.insert_header(header::CONTENT_TYPE, "application/grpc")?;
+    resp.insert_header("grpc-status", grpc::status(code))?;
+    resp.insert_header("grpc-message", grpc::message(&detail))?;
+    for (name, value) in extra {
+        resp.insert_header(name, value)?;
+    }
+    if session.as_downstream().is_http2() {
+        // One HEADERS frame that ends the stream: what gRPC calls trailers-only. Pingora's proxy
+        // session would send an empty DATA frame to end it, which gRPC clients take for a broken
+        // response.
+        let task = pingora::protocols::http::HttpTask::Header(Box::new(resp), true);
+        session
+            .as_downstream_mut()
+            .response_duplex_vec(vec![task])
+            .await?;
+        return Ok(());
+    }
+    resp.insert_header(header::CONTENT_LENGTH, "0")?;
+    session.write_response_header(Box::new(resp), false).await?;
+    session.write_response_body(Some(Bytes::new()), true).await
 }
 
 /// Writes the route's deny response.

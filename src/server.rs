@@ -60,9 +60,6 @@ pub enum StartError {
     Tls(String),
 }
 
-/// Streams one HTTP/2 connection may have open at once (nginx's and Envoy's usual 100).
-const MAX_CONCURRENT_STREAMS: u32 = 100;
-
 /// Denials remembered at most (see `deny_cache`).
 const DENY_CACHE_ENTRIES: usize = 100_000;
 
@@ -234,14 +231,21 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
     // HTTP/2 connections (ALPN h2) are Pingora's: bound their streams, and close them when idle
     // as an HTTP/1.1 keep-alive is (its HTTP/2 server has no idle timeout of its own).
     let mut h2 = pingora::protocols::http::v2::server::default_h2_options();
-    h2.max_concurrent_streams(MAX_CONCURRENT_STREAMS);
+    h2.max_concurrent_streams(config.downstream.max_concurrent_streams);
     proxy.h2_options = Some(h2);
     let mut options = pingora::apps::HttpServerOptions::default();
     options.h2_idle_timeout = Some(config.downstream.idle_timeout);
     proxy.server_options = Some(options);
     let mut proxy = Service::new(
         "ratelimit-proxy".to_string(),
-        Connections::new(proxy, config.downstream, parts.metrics),
+        Connections::new(proxy, config.downstream, parts.metrics).with_h2c(
+            config
+                .listen
+                .iter()
+                .filter(|l| l.h2c)
+                .map(|l| l.addr)
+                .collect(),
+        ),
     );
     for listener in &config.listen {
         let addr = listener.addr.to_string();
@@ -281,6 +285,7 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
         .listen
         .iter()
         .map(|l| match &l.tls {
+            None if l.h2c => format!("{} (HTTP/1.1 and h2c)", l.addr),
             None => l.addr.to_string(),
             Some(tls) => format!("{} (TLS for {})", l.addr, tls.served.names.join(", ")),
         })

@@ -223,6 +223,22 @@ pub fn load(cert_file: &Path, key_file: &Path) -> Result<(Served, Pair), TlsErro
     Ok((served, Pair(Arc::new(pair))))
 }
 
+/// Reads a CA file for verifying upstreams: one or more PEM certificates, each a valid X.509
+/// certificate (Pingora parses them again per connection and would panic on one that is not).
+pub fn load_ca(file: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    if certs.is_empty() {
+        return Err(format!("no PEM certificate in {}", file.display()));
+    }
+    for der in &certs {
+        describe(der).map_err(|e| format!("{}: {e}", file.display()))?;
+    }
+    Ok(certs)
+}
+
 /// The names and expiry of a DER certificate.
 fn describe(der: &CertificateDer<'_>) -> Result<Served, String> {
     use x509_parser::extensions::GeneralName;

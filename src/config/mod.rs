@@ -74,6 +74,8 @@ pub struct Downstream {
     /// Per process; beyond it new connections are closed at accept.
     pub max_connections: usize,
     pub max_requests_per_connection: u32,
+    /// Requests in flight at once on one HTTP/2 connection (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+    pub max_concurrent_streams: u32,
 }
 
 impl Default for Downstream {
@@ -84,6 +86,7 @@ impl Default for Downstream {
             body_timeout: Duration::from_secs(60),
             max_connections: 10_000,
             max_requests_per_connection: 10_000,
+            max_concurrent_streams: 100,
         }
     }
 }
@@ -103,6 +106,9 @@ pub struct Listener {
     pub addr: SocketAddr,
     /// `None`: cleartext HTTP/1.1.
     pub tls: Option<TlsListener>,
+    /// Cleartext HTTP/2 with prior knowledge beside HTTP/1.1 (gRPC inside a trusted network);
+    /// never on TLS, where ALPN chooses.
+    pub h2c: bool,
 }
 
 /// A TLS listener's certificate and key, read and found to belong together when the config was
@@ -177,6 +183,7 @@ pub struct Route {
     pub methods: Option<Vec<String>>,
     /// One or more, taken in turn; a failing one is skipped for a while.
     pub upstreams: Vec<Upstream>,
+    pub upstream_tls: UpstreamTls,
     pub upstream_timeouts: UpstreamTimeouts,
     pub health_check: Option<HealthCheck>,
     pub on_redis_error: FailMode,
@@ -190,12 +197,40 @@ pub struct Route {
     pub limits: Vec<Limit>,
 }
 
-/// `host:port`, resolved when the server starts (not by `--check`, which may run where the
-/// upstream's name means nothing, e.g. outside a compose network).
+/// `[scheme://]host:port`, resolved when the server starts (not by `--check`, which may run where
+/// the upstream's name means nothing, e.g. outside a compose network).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {
+    pub scheme: UpstreamScheme,
     pub host: String,
     pub port: u16,
+}
+
+words! {
+    /// How the proxy speaks to an upstream, chosen by the scheme written before it.
+    pub enum UpstreamScheme {
+        /// Cleartext HTTP/1.1 (no scheme, or `http://`).
+        Http = "http",
+        /// TLS, with HTTP/2 or HTTP/1.1 as ALPN settles.
+        Https = "https",
+        /// Cleartext HTTP/2 with prior knowledge: gRPC backends.
+        H2c = "h2c",
+    }
+}
+
+/// How a route's `https://` upstreams are verified: the name their certificate must carry (and
+/// the SNI sent), and the CAs trusted for it instead of the system's.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UpstreamTls {
+    pub sni: Option<String>,
+    pub ca: Option<CaBundle>,
+}
+
+/// A CA file, read and parsed when the config was loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaBundle {
+    pub file: std::path::PathBuf,
+    pub certs: Vec<rustls::pki_types::CertificateDer<'static>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

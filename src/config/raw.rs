@@ -38,6 +38,7 @@ pub(super) struct RawListener {
     pub address: Option<String>,
     pub tls: Option<RawTls>,
     pub http2: Option<bool>,
+    pub h2c: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -78,6 +79,7 @@ pub(super) struct RawDownstream {
     pub body_timeout_ms: Option<u64>,
     pub max_connections: Option<u64>,
     pub max_requests_per_connection: Option<u64>,
+    pub max_concurrent_streams: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -93,6 +95,7 @@ pub(super) struct RawRoute {
     #[serde(rename = "match", default)]
     pub matcher: RawMatch,
     pub upstream: Option<OneOrMany>,
+    pub upstream_tls: Option<RawUpstreamTls>,
     pub connect_timeout_ms: Option<u64>,
     pub read_timeout_ms: Option<u64>,
     pub health_check: Option<RawHealthCheck>,
@@ -103,6 +106,13 @@ pub(super) struct RawRoute {
     pub deny: Option<RawDeny>,
     #[serde(default)]
     pub limits: Vec<RawLimit>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUpstreamTls {
+    pub sni: Option<String>,
+    pub ca_file: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -285,6 +285,13 @@ impl Validator<'_> {
                 u64::from(defaults.max_requests_per_connection),
                 1_000_000_000,
             ) as u32,
+            max_concurrent_streams: number(
+                self,
+                "max_concurrent_streams",
+                raw.max_concurrent_streams,
+                u64::from(defaults.max_concurrent_streams),
+                10_000,
+            ) as u32,
         }
     }
 
@@ -337,7 +344,11 @@ impl Validator<'_> {
         match &value {
             serde_yaml::Value::String(text) => {
                 let addr = self.address(None, path, text)?;
-                return Some(Listener { addr, tls: None });
+                return Some(Listener {
+                    addr,
+                    tls: None,
+                    h2c: false,
+                });
             }
             serde_yaml::Value::Mapping(_) => {}
             _ => {
@@ -365,21 +376,36 @@ impl Validator<'_> {
             return None;
         };
         let addr = self.address(None, at(&path, &["address"]), &address);
+        let h2c = raw.h2c.unwrap_or(false);
         let tls = match raw.tls {
             None => {
                 if raw.http2.is_some() {
                     self.problem(
                         None,
                         at(&path, &["http2"]),
-                        "applies to TLS listeners only (cleartext listeners speak HTTP/1.1)",
+                        "applies to TLS listeners only (on cleartext, h2c: true accepts HTTP/2 \
+                         with prior knowledge)",
                     );
                     return None;
                 }
                 None
             }
+            Some(_) if h2c => {
+                self.problem(
+                    None,
+                    at(&path, &["h2c"]),
+                    "applies to cleartext listeners only (a TLS listener offers HTTP/2 by ALPN: \
+                     http2)",
+                );
+                return None;
+            }
             Some(tls) => Some(self.tls(&at(&path, &["tls"]), tls, raw.http2.unwrap_or(true))?),
         };
-        Some(Listener { addr: addr?, tls })
+        Some(Listener {
+            addr: addr?,
+            tls,
+            h2c,
+        })
     }
 
     /// A listener's certificate and key: both given, readable, and one pair.

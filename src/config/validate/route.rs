@@ -2,7 +2,7 @@
 
 use super::{at, key, Validator};
 use crate::config::locate::Seg;
-use crate::config::raw::{OneOrMany, RawAllow, RawDeny, RawRoute};
+use crate::config::raw::{OneOrMany, RawAllow, RawDeny, RawRoute, RawUpstreamTls};
 use crate::config::*;
 use std::collections::HashMap;
 
@@ -130,6 +130,7 @@ impl Validator<'_> {
                 .collect()
         });
         let upstreams = self.upstreams(r, at(base, &["upstream"]), raw.upstream);
+        let upstream_tls = self.upstream_tls(r, base, raw.upstream_tls, &upstreams);
         let timeout = |v: &mut Self, field: &str, raw: Option<u64>, default: u64| {
             let ms = raw.unwrap_or(default);
             if !(1..=3_600_000).contains(&ms) {
@@ -201,6 +202,7 @@ impl Validator<'_> {
             host,
             methods,
             upstreams,
+            upstream_tls,
             upstream_timeouts,
             health_check,
             on_redis_error,
@@ -240,23 +242,86 @@ impl Validator<'_> {
             .collect()
     }
 
+    /// `host:port`, or `scheme://host:port` where the scheme says how to speak to it.
     fn upstream(&mut self, r: Option<&str>, path: Vec<Seg>, text: &str) -> Option<Upstream> {
-        let parsed = text.rsplit_once(':').and_then(|(host, port)| {
+        let (scheme, rest) = match text.split_once("://") {
+            Some((word, rest)) => match word.parse::<UpstreamScheme>() {
+                Ok(scheme) => (scheme, rest),
+                Err(message) => {
+                    self.problem(
+                        r,
+                        path,
+                        format!("invalid upstream {text:?}: its scheme {message}"),
+                    );
+                    return None;
+                }
+            },
+            None => (UpstreamScheme::Http, text),
+        };
+        let parsed = rest.rsplit_once(':').and_then(|(host, port)| {
             let host = host.trim_start_matches('[').trim_end_matches(']');
             let port = port.parse::<u16>().ok().filter(|p| *p > 0)?;
-            (!host.is_empty() && host.bytes().all(|b| b.is_ascii_graphic())).then(|| Upstream {
-                host: host.to_string(),
-                port,
-            })
+            (!host.is_empty() && host.bytes().all(|b| b.is_ascii_graphic() && b != b'/')).then(
+                || Upstream {
+                    scheme,
+                    host: host.to_string(),
+                    port,
+                },
+            )
         });
         if parsed.is_none() {
             self.problem(
                 r,
                 path,
-                format!("invalid upstream {text:?}: expected host:port, e.g. \"127.0.0.1:8000\""),
+                format!(
+                    "invalid upstream {text:?}: expected host:port, e.g. \"127.0.0.1:8000\", \
+                     or scheme://host:port (http, https, h2c)"
+                ),
             );
         }
         parsed
+    }
+
+    /// `upstream_tls`: only beside an `https://` upstream, its CA file read now.
+    fn upstream_tls(
+        &mut self,
+        r: Option<&str>,
+        base: &[Seg],
+        raw: Option<RawUpstreamTls>,
+        upstreams: &[Upstream],
+    ) -> UpstreamTls {
+        let Some(raw) = raw else {
+            return UpstreamTls::default();
+        };
+        if !upstreams.iter().any(|u| u.scheme == UpstreamScheme::Https) {
+            self.problem(
+                r,
+                at(base, &["upstream_tls"]),
+                "applies to https:// upstreams only, and this route has none",
+            );
+        }
+        let sni = raw.sni.filter(|s| {
+            let ok = !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic() && b != b'/');
+            if !ok {
+                self.problem(
+                    r,
+                    at(base, &["upstream_tls", "sni"]),
+                    format!("{s:?} is not a host name"),
+                );
+            }
+            ok
+        });
+        let ca = raw.ca_file.and_then(|f| {
+            let file = std::path::PathBuf::from(f);
+            match crate::tls::load_ca(&file) {
+                Ok(certs) => Some(CaBundle { file, certs }),
+                Err(e) => {
+                    self.problem(r, at(base, &["upstream_tls", "ca_file"]), e);
+                    None
+                }
+            }
+        });
+        UpstreamTls { sni, ca }
     }
 
     fn allow(&mut self, r: Option<&str>, base: &[Seg], raw: RawAllow) -> Allow {
