@@ -64,11 +64,7 @@ fn describe(r: &Route) -> String {
         .as_ref()
         .map_or("any method".to_string(), |m| m.join(","));
     let host = r.host.as_deref().unwrap_or("any host");
-    let upstreams: Vec<String> = r
-        .upstreams
-        .iter()
-        .map(|u| format!("{}:{}", u.host, u.port))
-        .collect();
+    let upstreams: Vec<String> = r.upstreams.iter().map(|u| u.to_string()).collect();
     let on_error = r.on_redis_error;
     let deny = match r.deny.format {
         DenyFormat::Text => DenyFormatName::Text.as_str(),

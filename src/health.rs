@@ -1,17 +1,19 @@
 //! Active health checks: every route with a `health_check` has each of its upstreams asked
 //! `GET <path>` at its interval; a 2xx or 3xx marks it up, anything else (or no answer within the
-//! route's connect timeout) marks it down until the next probe.
+//! route's connect timeout) marks it down until the next probe. A probe goes out as requests do
+//! (Pingora's connector, the route's peer): TLS verified for `https://`, HTTP/2 for `h2c://`.
 
 use crate::plan::RoutePlan;
 use crate::reload::LivePlan;
 use async_trait::async_trait;
+use pingora::connectors::http::Connector;
+use pingora::http::RequestHeader;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
+use pingora::upstreams::peer::{HttpPeer, Peer};
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// How often the checker looks for routes whose interval has come round.
 const TICK: Duration = Duration::from_millis(100);
@@ -30,6 +32,7 @@ impl HealthChecker {
 impl BackgroundService for HealthChecker {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut last: HashMap<String, Instant> = HashMap::new();
+        let connector = Arc::new(Connector::new(None));
         let mut ticker = tokio::time::interval(TICK);
         loop {
             tokio::select! {
@@ -47,19 +50,22 @@ impl BackgroundService for HealthChecker {
                     .is_none_or(|t| t.elapsed() >= check.interval);
                 if due {
                     last.insert(route.name.clone(), Instant::now());
-                    probe_all(route, &check.path).await;
+                    probe_all(&connector, route, &check.path).await;
                 }
             }
         }
     }
 }
 
-async fn probe_all(route: &RoutePlan, path: &str) {
-    let probes = route
-        .upstreams
-        .peers()
-        .iter()
-        .map(|&addr| probe(addr, path.to_string(), route.timeouts.connect));
+async fn probe_all(connector: &Arc<Connector>, route: &RoutePlan, path: &str) {
+    let probes = route.peers.iter().map(|peer| {
+        probe(
+            connector.clone(),
+            peer.clone(),
+            path.to_string(),
+            route.timeouts.connect,
+        )
+    });
     for (i, healthy) in futures_join_all(probes).await.into_iter().enumerate() {
         let peer = route.upstreams.peers()[i];
         if healthy {
@@ -92,16 +98,25 @@ where
     out
 }
 
-async fn probe(addr: SocketAddr, path: String, timeout: Duration) -> bool {
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nUser-Agent: ratelimit-proxy-health\r\n\r\n");
+async fn probe(connector: Arc<Connector>, peer: HttpPeer, path: String, timeout: Duration) -> bool {
     let exchange = async move {
-        let mut stream = TcpStream::connect(addr).await.ok()?;
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut head = [0u8; 16];
-        let n = stream.read(&mut head).await.ok()?;
-        // "HTTP/1.1 200 ..." — the status's first digit is the 10th byte.
-        let status = head.get(..n)?.get(9).copied()?;
-        Some(status == b'2' || status == b'3')
+        let mut request = RequestHeader::build("GET", path.as_bytes(), Some(3)).ok()?;
+        let host = match peer.sni() {
+            "" => peer.address().to_string(),
+            name => name.to_string(),
+        };
+        request.insert_header("host", host).ok()?;
+        request
+            .insert_header("user-agent", "ratelimit-proxy-health")
+            .ok()?;
+        // A fresh connection each time, never returned to the pool: a probe checks connecting too.
+        let (mut session, _) = connector.get_http_session(&peer).await.ok()?;
+        session.write_request_header(Box::new(request)).await.ok()?;
+        session.finish_request_body().await.ok()?;
+        session.read_response_header().await.ok()?;
+        let status = session.response_header()?.status;
+        session.shutdown().await;
+        Some(status.is_success() || status.is_redirection())
     };
     tokio::time::timeout(timeout, exchange)
         .await

@@ -92,7 +92,7 @@ impl Plan {
                     .map(|up| {
                         let fail = |reason: String| PlanError {
                             route: r.name.clone(),
-                            upstream: format!("{}:{}", up.host, up.port),
+                            upstream: up.to_string(),
                             reason,
                         };
                         (up.host.as_str(), up.port)

@@ -206,6 +206,20 @@ pub struct Upstream {
     pub port: u16,
 }
 
+impl std::fmt::Display for Upstream {
+    /// As it would be written: no scheme for HTTP/1.1, an IPv6 address in brackets.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.scheme != UpstreamScheme::Http {
+            write!(f, "{}://", self.scheme)?;
+        }
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
 words! {
     /// How the proxy speaks to an upstream, chosen by the scheme written before it.
     pub enum UpstreamScheme {

@@ -1,10 +1,13 @@
 //! The service behind the proxy: a small HTTP/1.1 server on an ephemeral port that answers 200 and
 //! counts what reaches it, so a test can prove a rejected request never did, and keeps every
 //! request line and the last request's headers and body, so a test can see exactly what the proxy
-//! forwarded. `/slow` takes 700 ms.
+//! forwarded. `/slow` takes 700 ms. `start_tls` serves the same over TLS (rustls, ALPN http/1.1).
 
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -26,6 +29,29 @@ pub struct Upstream {
 
 impl Upstream {
     pub fn start() -> Upstream {
+        Upstream::start_with(None)
+    }
+
+    /// The same server over TLS with the PEM `cert` (chain) and `key`, offering only http/1.1 by
+    /// ALPN. A connection whose handshake fails is never counted.
+    pub fn start_tls(cert: &Path, key: &Path) -> Upstream {
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+            .and_then(|certs| certs.collect())
+            .unwrap_or_else(|e| panic!("{}: {e}", cert.display()));
+        let key =
+            PrivateKeyDer::from_pem_file(key).unwrap_or_else(|e| panic!("{}: {e}", key.display()));
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .expect("certificate and key");
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Upstream::start_with(Some(Arc::new(config)))
+    }
+
+    fn start_with(tls: Option<Arc<rustls::ServerConfig>>) -> Upstream {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind upstream");
         let addr = listener.local_addr().expect("upstream addr");
         let seen = Arc::new(Seen::default());
@@ -34,7 +60,21 @@ impl Upstream {
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
                 let seen = shared.clone();
-                std::thread::spawn(move || serve(stream, &seen));
+                let tls = tls.clone();
+                std::thread::spawn(move || {
+                    // One write per response and no Nagle: otherwise delayed ACKs add ~40 ms to
+                    // every request.
+                    let _ = stream.set_nodelay(true);
+                    match tls {
+                        None => serve(stream, &seen),
+                        Some(config) => {
+                            let Ok(conn) = rustls::ServerConnection::new(config) else {
+                                return;
+                            };
+                            serve(rustls::StreamOwned::new(conn, stream), &seen);
+                        }
+                    }
+                });
             }
         });
         Upstream { addr, seen }
@@ -72,13 +112,9 @@ impl Upstream {
     }
 }
 
-/// Keep-alive HTTP/1.1: Pingora reuses upstream connections.
-fn serve(stream: TcpStream, seen: &Seen) {
-    // One write per response and no Nagle: otherwise delayed ACKs add ~40 ms to every request.
-    let _ = stream.set_nodelay(true);
-    let Ok(mut writer) = stream.try_clone() else {
-        return;
-    };
+/// Keep-alive HTTP/1.1: Pingora reuses upstream connections. Over TLS the handshake happens on
+/// the first read, so a refused one ends here before anything is counted.
+fn serve(stream: impl Read + Write, seen: &Seen) {
     let mut reader = BufReader::new(stream);
     loop {
         let mut request_line = String::new();
@@ -124,7 +160,8 @@ fn serve(stream: TcpStream, seen: &Seen) {
             "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
-        if writer.write_all(response.as_bytes()).is_err() {
+        let writer = reader.get_mut();
+        if writer.write_all(response.as_bytes()).is_err() || writer.flush().is_err() {
             return;
         }
     }
