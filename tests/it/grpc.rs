@@ -1,0 +1,249 @@
+//! A real gRPC client and server (Python grpcio, `support/grpc_peer.py`) through the real proxy:
+//! calls of every kind (unary, server, client and bidirectional streaming) pass to an `h2c://`
+//! upstream with the rate-limit fields as metadata, and the calls beyond capacity fail with
+//! RESOURCE_EXHAUSTED (not the UNAVAILABLE a plain 429 maps to), over h2c and over TLS; a store
+//! that is down on a fail-closed route is UNAVAILABLE.
+
+use crate::support::free_port;
+use crate::support::proxy::Proxy;
+use crate::support::tls::certificates;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+
+const PEER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/support/grpc_peer.py");
+
+/// The gRPC server, for as long as the test holds it: it exits when its stdin closes.
+struct GrpcServer {
+    child: Child,
+    _stdin: ChildStdin,
+    port: u16,
+}
+
+impl GrpcServer {
+    fn start() -> GrpcServer {
+        let mut child = Command::new("python3")
+            .args([PEER, "server"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 with grpcio (scripts/test installs it)");
+        let stdin = child.stdin.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("the gRPC server did not say its port: {line:?}"));
+        GrpcServer {
+            child,
+            _stdin: stdin,
+            port,
+        }
+    }
+}
+
+impl Drop for GrpcServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What one call ended with, as the client saw it.
+#[derive(Debug)]
+struct Outcome {
+    method: String,
+    code: String,
+    details: String,
+    replies: usize,
+    metadata: Vec<(String, String)>,
+}
+
+impl Outcome {
+    fn meta(&self, name: &str) -> Option<&str> {
+        self.metadata
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Runs the client against `target` for each `METHOD:KEY` call, in order.
+fn calls(target: &str, ca: Option<&Path>, specs: &[&str]) -> Vec<Outcome> {
+    let mut cmd = Command::new("python3");
+    cmd.args([PEER, "client", target]);
+    if let Some(ca) = ca {
+        cmd.arg("--ca").arg(ca);
+    }
+    let out = cmd.args(specs).output().expect("python3");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "client: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let outcomes: Vec<Outcome> = text.lines().map(parse).collect();
+    assert_eq!(outcomes.len(), specs.len(), "{text}");
+    outcomes
+}
+
+/// One JSON line of the client, read with the few rules its output needs (flat strings, one
+/// list of strings, one object of strings).
+fn parse(line: &str) -> Outcome {
+    let field = |name: &str| -> String {
+        let start = line
+            .find(&format!("\"{name}\": \""))
+            .unwrap_or_else(|| panic!("{name} in {line}"))
+            + name.len()
+            + 5;
+        json_string(&line[start..]).0
+    };
+    let metadata_at = line.find("\"metadata\": {").expect("metadata") + 13;
+    let mut metadata = Vec::new();
+    let mut rest = &line[metadata_at..];
+    while let Some(start) = rest.find('"') {
+        if rest[..start].contains('}') {
+            break;
+        }
+        let (name, used) = json_string(&rest[start + 1..]);
+        rest = &rest[start + 1 + used..];
+        let v = rest.find('"').expect("a value");
+        let (value, used) = json_string(&rest[v + 1..]);
+        rest = &rest[v + 1 + used..];
+        metadata.push((name, value));
+    }
+    let replies_at = line.find("\"replies\": [").expect("replies") + 12;
+    let replies_end = replies_at + line[replies_at..].find(']').unwrap();
+    Outcome {
+        method: field("method"),
+        code: field("code"),
+        details: field("details"),
+        replies: line[replies_at..replies_end].matches('"').count() / 2,
+        metadata,
+    }
+}
+
+/// A JSON string's text from just after its opening quote: (text, bytes used with the closing
+/// quote).
+fn json_string(s: &str) -> (String, usize) {
+    let mut out = String::new();
+    let mut chars = s.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '"' => return (out, i + 1),
+            '\\' => {
+                if let Some((_, e)) = chars.next() {
+                    out.push(match e {
+                        'n' => '\n',
+                        other => other,
+                    });
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    panic!("unterminated JSON string: {s}")
+}
+
+fn route(upstream_port: u16) -> String {
+    format!(
+        "routes:\n  - name: grpc-orders\n    match: {{ path_prefix: \"/orders.v1.Orders/\" }}\n    \
+         upstream: \"h2c://127.0.0.1:{upstream_port}\"\n    \
+         limits: [{{ name: per_client, capacity: 2, refill: \"1/h\", key: \"header:x-api-key\" }}]\n"
+    )
+}
+
+/// Each kind of call, three times for one key: two pass with their replies, the third is refused
+/// the way gRPC clients understand.
+fn three_of_each_kind(target: &str, ca: Option<&Path>) {
+    let specs = [
+        "Get:a", "Get:a", "Get:a", "List:b", "List:b", "List:b", "Upload:c", "Upload:c",
+        "Upload:c", "Chat:d", "Chat:d", "Chat:d",
+    ];
+    let outcomes = calls(target, ca, &specs);
+    for (i, o) in outcomes.iter().enumerate() {
+        let expected_replies = match o.method.as_str() {
+            "List" | "Chat" => 3,
+            _ => 1,
+        };
+        match i % 3 {
+            0 | 1 => {
+                assert_eq!(o.code, "OK", "{o:?}");
+                assert_eq!(o.replies, expected_replies, "{o:?}");
+                let left = if i % 3 == 0 { "1" } else { "0" };
+                assert_eq!(o.meta("x-ratelimit-remaining"), Some(left), "{o:?}");
+                assert_eq!(o.meta("x-ratelimit-limit"), Some("2"), "{o:?}");
+            }
+            _ => {
+                assert_eq!(o.code, "RESOURCE_EXHAUSTED", "{o:?}");
+                assert_eq!(o.replies, 0, "{o:?}");
+                assert_eq!(
+                    o.details,
+                    "limit \"per_client\" of route \"grpc-orders\" is exhausted; retry in 3600 s",
+                    "{o:?}"
+                );
+                assert_eq!(o.meta("retry-after"), Some("3600"), "{o:?}");
+                assert_eq!(o.meta("x-ratelimit-remaining"), Some("0"), "{o:?}");
+                assert_eq!(
+                    o.meta("ratelimit"),
+                    Some("\"per_client\";r=0;t=3600"),
+                    "{o:?}"
+                );
+                assert!(o.meta("ratelimit-policy").is_some(), "{o:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn grpc_calls_beyond_capacity_fail_with_resource_exhausted_over_h2c() {
+    let server = GrpcServer::start();
+    let yaml = format!(
+        "listen:\n  - {{ address: \"{{listen}}\", h2c: true }}\nadmin: \"{{admin}}\"\n{}",
+        route(server.port)
+    );
+    let proxy = Proxy::start(&yaml);
+    three_of_each_kind(&proxy.addr.to_string(), None);
+    assert_eq!(proxy.decisions("grpc-orders", "allowed"), 8);
+    assert_eq!(proxy.decisions("grpc-orders", "rejected"), 4);
+}
+
+#[test]
+fn grpc_calls_beyond_capacity_fail_with_resource_exhausted_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    let server = GrpcServer::start();
+    let yaml = format!(
+        "listen:\n  - address: \"{{listen}}\"\n    tls: {{ cert_file: \"{}\", key_file: \"{}\" }}\n\
+         admin: \"{{admin}}\"\n{}",
+        dir.path().join("server.crt").display(),
+        dir.path().join("server.key").display(),
+        route(server.port)
+    );
+    let proxy = Proxy::start(&yaml);
+    let target = format!("localhost:{}", proxy.addr.port());
+    three_of_each_kind(&target, Some(&dir.path().join("ca.crt")));
+    assert_eq!(proxy.decisions("grpc-orders", "rejected"), 4);
+}
+
+#[test]
+fn a_grpc_call_on_a_fail_closed_route_with_redis_down_is_unavailable() {
+    let server = GrpcServer::start();
+    // Nothing listens there: every decision fails, and the route fails closed.
+    let yaml = format!(
+        "listen:\n  - {{ address: \"{{listen}}\", h2c: true }}\nadmin: \"{{admin}}\"\n\
+         redis: {{ url: \"redis://127.0.0.1:{}\", timeout_ms: 200 }}\non_redis_error: closed\n{}",
+        free_port(),
+        route(server.port)
+    );
+    let proxy = Proxy::start(&yaml);
+    let outcomes = calls(&proxy.addr.to_string(), None, &["Get:a", "Chat:a"]);
+    for o in &outcomes {
+        assert_eq!(o.code, "UNAVAILABLE", "{o:?}");
+        assert_eq!(o.details, "rate-limit store unavailable", "{o:?}");
+    }
+    assert_eq!(proxy.decisions("grpc-orders", "fail_closed"), 2);
+}

@@ -1,0 +1,135 @@
+//! Cleartext HTTP/2 with prior knowledge (`h2c: true`) beside HTTP/1.1 on one listener, each
+//! request decided on its own; the preface refused where h2c is not on; and what bounds an HTTP/2
+//! client: the stream limit it is told, and the idle timeout that closes its connection.
+
+use crate::support::proxy::Proxy;
+use crate::support::upstream::Upstream;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn config(upstream: &Upstream, extra: &str) -> String {
+    format!(
+        "listen:\n  - {{ address: \"{{listen}}\", h2c: true }}\nadmin: \"{{admin}}\"\n{extra}\
+         routes:\n  - name: api\n    upstream: \"{}\"\n    \
+         limits: [{{ name: per_key, capacity: 2, refill: \"1/h\", key: \"header:X-Api-Key\" }}]\n",
+        upstream.addr
+    )
+}
+
+/// curl with `args`: (HTTP version, status, lower-case response head).
+fn curl(args: &[&str], url: &str) -> (String, u16, String) {
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "-i",
+            "--max-time",
+            "10",
+            "-w",
+            "\n%{http_version} %{http_code}",
+        ])
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let last = text.lines().last().unwrap_or_default().to_string();
+    let (version, status) = last.split_once(' ').unwrap_or_default();
+    (
+        version.to_string(),
+        status.parse().unwrap_or(0),
+        text.to_ascii_lowercase(),
+    )
+}
+
+#[test]
+fn h2c_with_prior_knowledge_is_limited_per_request_beside_http1() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&config(&upstream, ""));
+    let url = format!("http://{}/hello", proxy.addr);
+    let h2 = ["--http2-prior-knowledge", "-H", "X-Api-Key: alice"];
+
+    let (version, status, head) = curl(&h2, &url);
+    assert_eq!((version.as_str(), status), ("2", 200), "{head}");
+    for field in [
+        "x-ratelimit-remaining: 1",
+        "ratelimit-policy:",
+        "ratelimit:",
+    ] {
+        assert!(head.contains(field), "{field} in {head}");
+    }
+    assert_eq!(curl(&h2, &url).1, 200);
+    let (version, status, head) = curl(&h2, &url);
+    assert_eq!((version.as_str(), status), ("2", 429), "{head}");
+    assert!(head.contains("retry-after: 3600"), "{head}");
+    assert_eq!(
+        upstream.hits(),
+        2,
+        "the refused stream never reached the upstream"
+    );
+    // The host of an HTTP/2 request is its :authority, told to the HTTP/1.1 upstream as Host.
+    assert_eq!(upstream.last_header("host"), [proxy.addr.to_string()]);
+
+    // HTTP/1.1 on the same listener, and the same buckets.
+    let (version, status, _) = curl(&["--http1.1", "-H", "X-Api-Key: alice"], &url);
+    assert_eq!((version.as_str(), status), ("1.1", 429));
+    let (version, status, _) = curl(&["--http1.1", "-H", "X-Api-Key: bob"], &url);
+    assert_eq!((version.as_str(), status), ("1.1", 200));
+    assert_eq!(proxy.decisions("api", "rejected"), 2);
+}
+
+#[test]
+fn the_http2_preface_is_refused_where_h2c_is_not_on() {
+    let upstream = Upstream::start();
+    let yaml = config(&upstream, "").replace(", h2c: true", "");
+    let proxy = Proxy::start(&yaml);
+    let mut s = TcpStream::connect(proxy.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer:?}");
+    assert_eq!(upstream.hits(), 0);
+    let (_, status, _) = curl(
+        &["--http2-prior-knowledge", "-H", "X-Api-Key: a"],
+        &format!("http://{}/hello", proxy.addr),
+    );
+    assert_ne!(status, 200, "no HTTP/2 without h2c: true");
+}
+
+#[test]
+fn an_http2_client_is_told_the_stream_limit_and_closed_when_idle() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&config(
+        &upstream,
+        "downstream: { max_concurrent_streams: 7, idle_timeout_ms: 300 }\n",
+    ));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        let (mut client, mut conn) = h2::client::handshake(tcp).await.unwrap();
+        let request = http::Request::get(format!("http://{}/hello", proxy.addr))
+            .header("x-api-key", "alice")
+            .body(())
+            .unwrap();
+        let (response, _) = client.send_request(request, true).unwrap();
+        // The connection is driven until the answer: by then the server's SETTINGS are in.
+        let response = tokio::select! {
+            r = response => r.unwrap(),
+            end = &mut conn => panic!("the connection ended first: {end:?}"),
+        };
+        assert_eq!(response.status(), 200);
+        drop(response);
+        assert_eq!(conn.max_concurrent_send_streams(), 7);
+
+        // Nothing in flight: the server closes the connection after the idle timeout.
+        let idle_since = Instant::now();
+        let ended = tokio::time::timeout(Duration::from_secs(20), &mut conn).await;
+        assert!(ended.is_ok(), "an idle HTTP/2 connection was kept open");
+        assert!(idle_since.elapsed() >= Duration::from_millis(250));
+    });
+}

@@ -1,0 +1,122 @@
+"""A real gRPC server and client (Python grpcio) for the proxy's tests. No .proto: the methods
+take and return raw bytes, which is all gRPC needs on the wire.
+
+    grpc_peer.py server              prints the port it serves on (cleartext HTTP/2), then serves
+                                     until its stdin closes (the test that started it ends)
+    grpc_peer.py client TARGET [--ca FILE] CALL...
+                                     CALL is METHOD:KEY (KEY sent as x-api-key metadata); prints
+                                     one JSON line per call: method, key, code, details, metadata
+
+Methods of orders.v1.Orders: Get (unary), List (server streaming: three replies), Upload (client
+streaming: three requests) and Chat (bidirectional: three each way).
+"""
+import json
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+
+SERVICE = "orders.v1.Orders"
+
+
+def serve():
+    def get(request, context):
+        return b"order:" + request
+
+    def list_(request, context):
+        for i in range(3):
+            yield b"item%d" % i
+
+    def upload(requests, context):
+        return b"got %d" % sum(1 for _ in requests)
+
+    def chat(requests, context):
+        for r in requests:
+            yield b"echo:" + r
+
+    handler = grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "Get": grpc.unary_unary_rpc_method_handler(get),
+            "List": grpc.unary_stream_rpc_method_handler(list_),
+            "Upload": grpc.stream_unary_rpc_method_handler(upload),
+            "Chat": grpc.stream_stream_rpc_method_handler(chat),
+        },
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(port, flush=True)
+    # Ends with the test: its end closes our stdin.
+    sys.stdin.read()
+    server.stop(0)
+
+
+def metadata(call_or_error):
+    md = {}
+    for getter in ("initial_metadata", "trailing_metadata"):
+        try:
+            for k, v in getattr(call_or_error, getter)() or ():
+                md[k] = v if isinstance(v, str) else v.decode("latin-1")
+        except Exception:
+            pass
+    return md
+
+
+def call(channel, method, key):
+    path = "/%s/%s" % (SERVICE, method)
+    md = (("x-api-key", key),)
+    three = lambda: iter([b"a", b"b", b"c"])
+    try:
+        if method == "Get":
+            reply, c = channel.unary_unary(path).with_call(b"42", metadata=md, timeout=10)
+            replies = [reply]
+        elif method == "List":
+            c = channel.unary_stream(path)(b"", metadata=md, timeout=10)
+            replies = list(c)
+        elif method == "Upload":
+            reply, c = channel.stream_unary(path).with_call(three(), metadata=md, timeout=10)
+            replies = [reply]
+        elif method == "Chat":
+            c = channel.stream_stream(path)(three(), metadata=md, timeout=10)
+            replies = list(c)
+        else:
+            raise SystemExit("unknown method " + method)
+        return {
+            "code": "OK",
+            "details": "",
+            "replies": [r.decode() for r in replies],
+            "metadata": metadata(c),
+        }
+    except grpc.RpcError as e:
+        return {
+            "code": e.code().name,
+            "details": e.details() or "",
+            "replies": [],
+            "metadata": metadata(e),
+        }
+
+
+def client(args):
+    target = args[0]
+    args = args[1:]
+    if args[:1] == ["--ca"]:
+        creds = grpc.ssl_channel_credentials(root_certificates=open(args[1], "rb").read())
+        channel = grpc.secure_channel(target, creds)
+        args = args[2:]
+    else:
+        channel = grpc.insecure_channel(target)
+    for spec in args:
+        method, key = spec.split(":", 1)
+        out = call(channel, method, key)
+        out.update({"method": method, "key": key})
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "server":
+        serve()
+    else:
+        client(sys.argv[2:])
