@@ -54,7 +54,7 @@ impl Log for Demoting {
 }
 
 /// Whether `record` is one of Pingora's lines about a client connection (reset, closed early,
-/// malformed), which no hook reaches.
+/// malformed, a failed TLS or HTTP/2 handshake), which no hook reaches.
 fn about_a_client(record: &Record<'_>) -> bool {
     let prefixes: &[&str] = match record.target() {
         "pingora_proxy" => &[
@@ -64,6 +64,12 @@ fn about_a_client(record: &Record<'_>) -> bool {
         ],
         "pingora_proxy::proxy_h1" => &["Error finish sending body to downstream"],
         "pingora_core::apps::http_app" => &["HTTP server fails to"],
+        // A TLS client that sent garbage, stalled or hung up mid-handshake; an HTTP/2 client
+        // whose preface was not one.
+        "pingora_core::services::listening" => {
+            &["Downstream handshake error", "Downstream handshake timeout"]
+        }
+        "pingora_core::apps" => &["H2 handshake error"],
         _ => return false,
     };
     let text = record.args().to_string();
@@ -102,6 +108,14 @@ mod tests {
         record(
             "pingora_proxy::proxy_h1",
             format_args!("Error finish sending body to downstream: {}", "broken pipe"),
+            |r| assert!(about_a_client(r)),
+        );
+        record(
+            "pingora_core::services::listening",
+            format_args!(
+                "Downstream handshake error from {}: {}",
+                "127.0.0.1:5", "bad"
+            ),
             |r| assert!(about_a_client(r)),
         );
         record(

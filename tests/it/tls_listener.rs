@@ -236,3 +236,108 @@ fn http2_over_tls_is_decided_per_request_and_can_be_turned_off() {
     let h1 = Proxy::start(&yaml);
     assert_eq!(curl_many(h1.addr.port(), 1), ["1.1 200"]);
 }
+
+/// Garbage, half handshakes and stalled connections on the TLS port, a few hundred of them, take
+/// neither listener down: HTTPS and cleartext are served throughout and after, and the log gets no
+/// line per bad client.
+#[test]
+fn a_handshake_flood_and_garbage_on_the_tls_port_leave_both_listeners_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    let upstream = Upstream::start();
+    let cleartext = format!("127.0.0.1:{}", crate::support::free_port());
+    let yaml = config(dir.path(), "server.crt", "server.key", &upstream)
+        .replace("\nadmin:", &format!("\n  - \"{cleartext}\"\nadmin:"));
+    let proxy = Proxy::start(&yaml);
+    let addr = proxy.addr;
+
+    // Held open, sending nothing, while the rest goes on.
+    let stalled: Vec<TcpStream> = (0..50).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let floods: Vec<_> = (0..4u8)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for i in 0..60u32 {
+                    let Ok(mut s) = TcpStream::connect(addr) else {
+                        continue;
+                    };
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                    let junk: Vec<u8> = (0..512u32)
+                        .map(|k| (k.wrapping_mul(31) ^ i ^ u32::from(t)) as u8)
+                        .collect();
+                    let bytes: &[u8] = match i % 3 {
+                        // Not TLS at all.
+                        0 => &junk,
+                        // A handshake record that claims 16 KiB and stops.
+                        1 => &[
+                            0x16, 0x03, 0x01, 0x40, 0x00, 0x01, 0x00, 0x3f, 0xfc, 0x03, 0x03,
+                        ],
+                        // Connected and gone.
+                        _ => &[],
+                    };
+                    let _ = s.write_all(bytes);
+                    if i % 3 == 0 {
+                        let mut sink = [0u8; 256];
+                        let _ = s.read(&mut sink);
+                    }
+                }
+            })
+        })
+        .collect();
+    let (status, _) = curl(dir.path(), addr.port(), "during");
+    assert_eq!(status, 200, "HTTPS served during the flood");
+    for f in floods {
+        f.join().unwrap();
+    }
+    assert_eq!(curl(dir.path(), addr.port(), "after").0, 200);
+    let plain = crate::support::http::get(
+        cleartext.parse().unwrap(),
+        "/hello",
+        &[("X-Api-Key", "plain")],
+    );
+    assert_eq!(plain.status, 200, "the cleartext listener is untouched");
+    drop(stalled);
+    let log = proxy.stderr();
+    assert!(
+        !log.contains("handshake error"),
+        "a line per bad client: {}",
+        &log[log.len().saturating_sub(2000)..]
+    );
+}
+
+/// `config/routes-tls.yaml` is valid once its certificate files exist, and `--check` says what each
+/// listener serves.
+#[test]
+fn the_shipped_tls_example_is_valid_with_its_files_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    for (made, named) in [
+        ("server.crt", "fullchain.pem"),
+        ("server.key", "privkey.pem"),
+        ("ca.crt", "internal-ca.pem"),
+    ] {
+        std::fs::copy(dir.path().join(made), dir.path().join(named)).unwrap();
+    }
+    let example = std::fs::read_to_string("config/routes-tls.yaml").unwrap();
+    assert!(example.contains("/etc/ratelimit/tls/"));
+    let config = dir.path().join("routes-tls.yaml");
+    std::fs::write(
+        &config,
+        example.replace("/etc/ratelimit/tls/", &format!("{}/", dir.path().display())),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(&config)
+        .arg("--check")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("listen 0.0.0.0:8443: TLS for 127.0.0.1, localhost, expires"),
+        "{text}"
+    );
+    assert!(text.contains("-> h2c://127.0.0.1:50051"), "{text}");
+    assert!(text.contains("-> https://127.0.0.1:9443"), "{text}");
+}
