@@ -55,6 +55,8 @@
 #   proxy memory        the 10,000-key limit in the embedded in-memory store
 #   ... Redis paused    the 10,000-key limit on a second Redis, SIGSTOPped after the warm-up, behind
 #                       nginx+Lua and behind the proxy (fail-open, 25 ms timeout, its breaker)
+#   ..., TLS            nginx proxy_pass and nginx+Lua, and the proxy without limits and with Redis,
+#                       each terminating TLS with the same certificate (wrk over HTTPS, keep-alive)
 # wrk sends every request with an X-Api-Key drawn from 10,000 keys (or the one hot key), to every
 # contender alike, so the client's cost is the same in every row.
 #
@@ -86,7 +88,7 @@ log() { echo "[$(date +%T)] $*" >&2; }
 nginx_modules=/usr/share/nginx/modules
 missing=()
 for pair in cmake:cmake redis-server:redis-server redis-cli:redis-tools wrk:wrk nginx:nginx-light \
-    gnuplot:gnuplot-nox curl:curl ss:iproute2 python3:python3; do
+    gnuplot:gnuplot-nox curl:curl ss:iproute2 python3:python3 openssl:openssl; do
     command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 [[ -f $nginx_modules/ngx_http_lua_module.so ]] || missing+=(libnginx-mod-http-lua)
@@ -216,6 +218,13 @@ redis_calls() {
         END { print all + 0, ev + 0 }'
 }
 
+# --- one certificate for both TLS terminators ----------------------------------------------------
+
+# Self-signed for 127.0.0.1, RSA 2048 (what most sites still serve); wrk does not verify it.
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=127.0.0.1 \
+    -addext subjectAltName=IP:127.0.0.1 -keyout "$work/tls.key" -out "$work/tls.crt" 2>/dev/null ||
+    die "openssl could not make the benchmark's certificate"
+
 # --- nginx: the upstream and the contender -------------------------------------------------------
 
 # nginx_conf PREFIX WORKERS HTTP_BODY: a complete config whose paths all stay inside PREFIX. The
@@ -278,6 +287,7 @@ EOF
 }
 
 free_port; NGINX=127.0.0.1:$REPLY
+free_port; NGINX_TLS=127.0.0.1:$REPLY
 workers=$(nproc) # the proxy runs one thread per CPU
 start_nginx contender "$workers" "
     lua_package_path '$repo/bench/compare/?.lua;;';
@@ -307,18 +317,33 @@ start_nginx contender "$workers" "
 $(lua_location /lua/ "'rl:{ngx:' .. (ngx.var.http_x_api_key or '') .. '}:per_key'" "1000000000, 1, 1, 1")
 $(lua_location /luapaused/ "'rl:{ngx:' .. (ngx.var.http_x_api_key or '') .. '}:per_key'" "1000000000, 1, 1, 1, $PAUSED_PORT")
 $(lua_location /luahot/ "'rl:{ngxhot:' .. (ngx.var.http_x_api_key or '') .. '}:hot'" "100, 10000, 1, 1")
+    }
+    # HTTPS: the same locations behind TLS (TLS 1.2 and 1.3, nginx's default ciphers), HTTP/1.1
+    # with keep-alive as wrk speaks it.
+    server {
+        listen $NGINX_TLS ssl backlog=4096;
+        ssl_certificate $work/tls.crt;
+        ssl_certificate_key $work/tls.key;
+        ssl_protocols TLSv1.2 TLSv1.3;
+        proxy_http_version 1.1;
+        proxy_set_header Connection '';
+        location /proxy/ { proxy_pass http://up; }
+$(lua_location /lua/ "'rl:{ngx:' .. (ngx.var.http_x_api_key or '') .. '}:per_key'" "1000000000, 1, 1, 1")
     }"
 
 # --- the proxies -------------------------------------------------------------------------------
 
-# start_proxy NAME YAML_HEAD ROUTES [BINARY]: sets REPLY to its listen address (BINARY: REV's by default).
+# start_proxy NAME YAML_HEAD ROUTES [BINARY]: sets REPLY to its listen address (BINARY: REV's by
+# default). With TLS_LISTEN set, the proxy also terminates TLS there, with the benchmark's certificate.
 start_proxy() {
     local name=$1 head=$2 routes=$3
     free_port; local listen=127.0.0.1:$REPLY
     free_port; local admin=127.0.0.1:$REPLY
-    local conf=$work/$name.yaml
-    printf 'listen: "%s"\nadmin: "%s"\nshutdown_grace_seconds: 0\n%s\nroutes:\n%s\n' \
-        "$listen" "$admin" "$head" "$routes" >"$conf"
+    local conf=$work/$name.yaml listens="\"$listen\""
+    [[ -z ${TLS_LISTEN:-} ]] ||
+        listens+=", { address: \"$TLS_LISTEN\", tls: { cert_file: \"$work/tls.crt\", key_file: \"$work/tls.key\" } }"
+    printf 'listen: [%s]\nadmin: "%s"\nshutdown_grace_seconds: 0\n%s\nroutes:\n%s\n' \
+        "$listens" "$admin" "$head" "$routes" >"$conf"
     local bin=${4:-$proxy_bin}
     "$bin" --config "$conf" --check >/dev/null || die "invalid config $conf"
     RUST_LOG=warn start "$name" "$bin" --config "$conf" --upgrade-sock "$work/$name-upgrade.sock"
@@ -357,7 +382,8 @@ $seq_route
   - name: keyed
     upstream: \"$UPSTREAM\"
 $keyed_limit"
-start_proxy proxy-redis "redis:
+free_port; PROXY_TLS=127.0.0.1:$REPLY
+TLS_LISTEN=$PROXY_TLS start_proxy proxy-redis "redis:
   url: \"redis://127.0.0.1:$REDIS_PORT/0\"
   timeout_ms: 25$rev_format
 on_redis_error: open" "$redis_routes"
@@ -410,6 +436,10 @@ contenders=(
     "proxy, Redis, hot key|http://$PROXY/hot/|$HOT_KEYS|1|proxy-redis"
     "proxy, Redis paused|http://$PROXY_PAUSED/|$MANY_KEYS|0|proxy-paused"
     "proxy, memory|http://$PROXY_MEM/|$MANY_KEYS|0|proxy-memory"
+    "nginx proxy_pass, TLS|https://$NGINX_TLS/proxy/|$MANY_KEYS|0|contender"
+    "proxy, no limits, TLS|https://$PROXY_TLS/free/|$MANY_KEYS|0|proxy-redis"
+    "nginx+Lua EVALSHA, TLS|https://$NGINX_TLS/lua/|$MANY_KEYS|1|contender"
+    "proxy, Redis, TLS|https://$PROXY_TLS/|$MANY_KEYS|1|proxy-redis"
 )
 if [[ -n ${BASELINE:-} ]]; then
     contenders+=(
@@ -428,7 +458,7 @@ fi
 
 for c in "${contenders[@]}"; do
     IFS='|' read -r name url _ _ <<<"$c"
-    wait_until 20 "$name to serve" curl -fsS -o /dev/null "$url"
+    wait_until 20 "$name to serve" curl -fsSk -o /dev/null "$url"
 done
 
 # Connection pools filled, keys created in Redis and memory, code paths warm: 1 s each.
@@ -676,6 +706,14 @@ targets=$(awk -F'\t' -v added_p50="$(added 3 3)" -v added_p99="$(added 5 3)" -v 
         if (added_p99 != "") printf "| 5. check added at half of peak, p99 | ≤ 500 µs | %d µs | %s |\n", added_p99, verdict(added_p99 <= 500)
         if (hot && lr) printf "| 6. hot key (deny cache) vs nginx limit_req rejecting | ≥ 1.0× | %.2f× | %s |\n", hot / lr, verdict(hot / lr >= 1)
         if (redis && pass) printf "| allowed path vs nginx proxy_pass | ≥ 0.75× | %.2f× | %s |\n", redis / pass, verdict(redis / pass >= 0.75)
+        # HTTPS: both terminate TLS with the same certificate; keep-alive, so the handshakes happen
+        # in the warm-up and the rows compare record encryption and the rest.
+        for (i = 1; i <= ncs; i++) {
+            x = median(all[cs[i], "proxy, no limits, TLS"]); y = median(all[cs[i], "nginx proxy_pass, TLS"])
+            if (x && y) printf "| HTTPS, no limits vs nginx proxy_pass over TLS, c=%s | (reported) | %.2f× (%d against %d req/s) | – |\n", cs[i], x / y, x, y
+            x = median(all[cs[i], "proxy, Redis, TLS"]); y = median(all[cs[i], "nginx+Lua EVALSHA, TLS"])
+            if (x && y) printf "| HTTPS, Redis vs nginx+Lua EVALSHA over TLS, c=%s | (reported) | %.2f× (%d against %d req/s) | – |\n", cs[i], x / y, x, y
+        }
         # A window starts with no denial cached (the bucket refilled while the others ran): the
         # first c requests past the burst each ask Redis; every denial after that is cached.
         k = "proxy, Redis, hot key"
