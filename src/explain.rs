@@ -9,7 +9,9 @@ pub fn route_table(config: &Config) -> String {
     let now = crate::tls::unix_now();
     for l in &config.listen {
         if let Some(tls) = &l.tls {
-            let _ = writeln!(out, "listen {}: TLS {}", l.addr, tls.served.describe(now));
+            for c in &tls.certs {
+                let _ = writeln!(out, "listen {}: TLS {}", l.addr, c.served.describe(now));
+            }
         }
     }
     out.push_str("routes, tried in this order (first match wins):\n");

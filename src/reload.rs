@@ -77,17 +77,27 @@ impl Reloader {
         self.lock().1.clone()
     }
 
-    /// One hash of the config file and of every TLS listener's certificate and key files: what
-    /// the watcher compares, so that a renewed certificate is picked up like an edited config.
+    /// One hash of the config file, of every TLS listener's certificate and key files, and of the
+    /// CA files upstreams are verified with: what the watcher compares, so that a renewed
+    /// certificate is picked up like an edited config.
     fn watched_hash(&self) -> Option<String> {
-        let files: Vec<PathBuf> = self
-            .lock()
-            .0
-            .listen
-            .iter()
-            .filter_map(|l| l.tls.as_ref())
-            .flat_map(|t| [t.cert_file.clone(), t.key_file.clone()])
-            .collect();
+        let files: Vec<PathBuf> = {
+            let running = self.lock();
+            let listeners = running
+                .0
+                .listen
+                .iter()
+                .filter_map(|l| l.tls.as_ref())
+                .flat_map(|t| &t.certs)
+                .flat_map(|c| [c.cert_file.clone(), c.key_file.clone()]);
+            let cas = running
+                .0
+                .routes
+                .iter()
+                .filter_map(|r| r.upstream_tls.ca.as_ref())
+                .map(|ca| ca.file.clone());
+            listeners.chain(cas).collect()
+        };
         let mut sha = sha1_smol::Sha1::from(std::fs::read(&self.path).ok()?);
         for file in files {
             // An unreadable file hashes as empty: its reload is tried, and refused, once.
@@ -114,14 +124,15 @@ impl Reloader {
         let mut running = self.lock();
         let old = &running.0;
         let mut needs_restart = Vec::new();
-        // The same sockets, TLS where it was: certificates change in place; anything else
-        // about the listeners needs a restart.
+        // The same sockets, speaking the same protocols: certificates change in place; anything
+        // else about the listeners needs a restart.
+        let http2 = |l: &crate::config::Listener| l.tls.as_ref().map(|t| t.http2);
         let same_sockets = new.listen.len() == old.listen.len()
             && new
                 .listen
                 .iter()
                 .zip(&old.listen)
-                .all(|(n, o)| n.addr == o.addr && n.tls.is_some() == o.tls.is_some());
+                .all(|(n, o)| n.addr == o.addr && n.h2c == o.h2c && http2(n) == http2(o));
         let renewed: Vec<usize> = if same_sockets {
             (0..new.listen.len())
                 .filter(|&i| new.listen[i].tls != old.listen[i].tls)
@@ -159,10 +170,12 @@ impl Reloader {
         for l in renewed.into_iter().map(|i| &new.listen[i]) {
             let tls = l.tls.as_ref().expect("renewed listeners are TLS");
             self.resolvers.install(l.addr, tls);
+            let now = crate::tls::unix_now();
+            let served: Vec<String> = tls.certs.iter().map(|c| c.served.describe(now)).collect();
             log::info!(
                 "listen {}: TLS certificate reloaded, {}",
                 l.addr,
-                tls.served.describe(crate::tls::unix_now())
+                served.join("; ")
             );
         }
         self.metrics.config_running(&hash);

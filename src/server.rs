@@ -287,7 +287,15 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
         .map(|l| match &l.tls {
             None if l.h2c => format!("{} (HTTP/1.1 and h2c)", l.addr),
             None => l.addr.to_string(),
-            Some(tls) => format!("{} (TLS for {})", l.addr, tls.served.names.join(", ")),
+            Some(tls) => {
+                let names: Vec<&str> = tls
+                    .certs
+                    .iter()
+                    .flat_map(|c| &c.served.names)
+                    .map(String::as_str)
+                    .collect();
+                format!("{} (TLS for {})", l.addr, names.join(", "))
+            }
         })
         .collect();
     log::info!(

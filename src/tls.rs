@@ -11,7 +11,8 @@ use prometheus::proto::MetricFamily;
 use prometheus::{IntGaugeVec, Opts};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::server::ClientHello as Hello;
+use rustls::server::ResolvesServerCert;
 use rustls::sign::CertifiedKey;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -36,26 +37,79 @@ impl std::fmt::Debug for Pair {
     }
 }
 
-/// What one TLS listener serves: the pair a reload last put in place.
+/// What one TLS listener serves: the certificates a reload last put in place.
 #[derive(Debug)]
 pub struct Resolver {
-    current: ArcSwap<CertifiedKey>,
-    /// Its leaf's notAfter (Unix s).
+    current: ArcSwap<Certificates>,
+    /// The soonest notAfter of its leaves (Unix s).
     not_after: AtomicI64,
+}
+
+/// A listener's certificates, each with the names it is chosen for (lower case; `*.` wildcards).
+#[derive(Debug)]
+struct Certificates(Vec<(Vec<String>, Arc<CertifiedKey>)>);
+
+impl Certificates {
+    fn of(tls: &TlsListener) -> Arc<Certificates> {
+        Arc::new(Certificates(
+            tls.certs
+                .iter()
+                .map(|c| {
+                    let names = c
+                        .served
+                        .names
+                        .iter()
+                        .map(|n| n.to_ascii_lowercase())
+                        .collect();
+                    (names, c.pair.0.clone())
+                })
+                .collect(),
+        ))
+    }
+
+    /// The first certificate that carries `name`, else the first of all.
+    fn choose(&self, name: Option<&str>) -> Option<&Arc<CertifiedKey>> {
+        let by_name = name.and_then(|name| {
+            self.0
+                .iter()
+                .find(|(names, _)| names.iter().any(|n| name_matches(n, name)))
+        });
+        by_name.or(self.0.first()).map(|(_, key)| key)
+    }
+}
+
+/// Whether a certificate name (lower case) covers the name a client asked for: equal ignoring
+/// case, or `*.example.com` for exactly one label before `example.com` (RFC 6125 §6.4.3).
+fn name_matches(pattern: &str, asked: &str) -> bool {
+    match pattern.strip_prefix("*.") {
+        Some(parent) => asked
+            .split_once('.')
+            .is_some_and(|(label, rest)| !label.is_empty() && rest.eq_ignore_ascii_case(parent)),
+        None => pattern.eq_ignore_ascii_case(asked),
+    }
+}
+
+/// The soonest expiry among a listener's certificates.
+fn soonest(tls: &TlsListener) -> i64 {
+    tls.certs
+        .iter()
+        .map(|c| c.served.not_after)
+        .min()
+        .unwrap_or(0)
 }
 
 impl Resolver {
     fn new(tls: &TlsListener) -> Arc<Resolver> {
         Arc::new(Resolver {
-            current: ArcSwap::new(tls.pair.0.clone()),
-            not_after: AtomicI64::new(tls.served.not_after),
+            current: ArcSwap::new(Certificates::of(tls)),
+            not_after: AtomicI64::new(soonest(tls)),
         })
     }
 }
 
 impl ResolvesServerCert for Resolver {
-    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.current.load_full())
+    fn resolve(&self, hello: Hello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.current.load().choose(hello.server_name()).cloned()
     }
 }
 
@@ -95,13 +149,13 @@ impl Resolvers {
             .map(|(_, r)| r.clone())
     }
 
-    /// New connections to `addr` get `tls`'s pair from now on; `false` when no TLS listener is
-    /// there.
+    /// New connections to `addr` get `tls`'s certificates from now on; `false` when no TLS
+    /// listener is there.
     pub fn install(&self, addr: SocketAddr, tls: &TlsListener) -> bool {
         match self.get(addr) {
             Some(r) => {
-                r.current.store(tls.pair.0.clone());
-                r.not_after.store(tls.served.not_after, Ordering::Relaxed);
+                r.current.store(Certificates::of(tls));
+                r.not_after.store(soonest(tls), Ordering::Relaxed);
                 true
             }
             None => false,
@@ -278,6 +332,16 @@ fn describe(der: &CertificateDer<'_>) -> Result<Served, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wildcard_covers_one_label_and_names_ignore_case() {
+        assert!(name_matches("api.example.com", "API.example.com"));
+        assert!(name_matches("*.example.com", "a.example.com"));
+        assert!(!name_matches("*.example.com", "example.com"));
+        assert!(!name_matches("*.example.com", "a.b.example.com"));
+        assert!(!name_matches("*.example.com", ".example.com"));
+        assert!(!name_matches("api.example.com", "api.example.org"));
+    }
 
     #[test]
     fn dates_are_utc_calendar_dates() {

@@ -111,12 +111,20 @@ pub struct Listener {
     pub h2c: bool,
 }
 
-/// A TLS listener's certificate and key, read and found to belong together when the config was
-/// loaded.
+/// A TLS listener: its certificates, each read and found to belong with its key when the config
+/// was loaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsListener {
     /// Offer HTTP/2 by ALPN (h2, then http/1.1); `false`: HTTP/1.1 only.
     pub http2: bool,
+    /// Chosen by the name a client asks for (SNI); the first serves a client that names none, or
+    /// one that no certificate carries.
+    pub certs: Vec<TlsCert>,
+}
+
+/// One certificate (chain) and its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsCert {
     pub cert_file: std::path::PathBuf,
     pub key_file: std::path::PathBuf,
     /// What the certificate serves, as it was when the config was loaded.

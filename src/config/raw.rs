@@ -46,6 +46,14 @@ pub(super) struct RawListener {
 pub(super) struct RawTls {
     pub cert_file: Option<String>,
     pub key_file: Option<String>,
+    pub certificates: Option<Vec<RawCertificate>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCertificate {
+    pub cert_file: Option<String>,
+    pub key_file: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -408,8 +408,38 @@ impl Validator<'_> {
         })
     }
 
-    /// A listener's certificate and key: both given, readable, and one pair.
+    /// A listener's certificates: `cert_file` and `key_file`, and any in `certificates` (chosen by
+    /// SNI); each pair given whole, readable, and one pair.
     fn tls(&mut self, base: &[Seg], raw: RawTls, http2: bool) -> Option<TlsListener> {
+        let before = self.problems.len();
+        let mut certs = Vec::new();
+        if raw.cert_file.is_some() || raw.key_file.is_some() || raw.certificates.is_none() {
+            certs.extend(self.certificate(base, raw.cert_file, raw.key_file));
+        }
+        for (i, c) in raw.certificates.unwrap_or_default().into_iter().enumerate() {
+            let path: Vec<Seg> = at(base, &["certificates"])
+                .into_iter()
+                .chain([Seg::Index(i)])
+                .collect();
+            certs.extend(self.certificate(&path, c.cert_file, c.key_file));
+        }
+        if certs.is_empty() && self.problems.len() == before {
+            self.problem(
+                None,
+                at(base, &["certificates"]),
+                "must name at least one { cert_file, key_file }",
+            );
+        }
+        (self.problems.len() == before).then_some(TlsListener { http2, certs })
+    }
+
+    /// One certificate file and its key file.
+    fn certificate(
+        &mut self,
+        base: &[Seg],
+        cert_file: Option<String>,
+        key_file: Option<String>,
+    ) -> Option<TlsCert> {
         let file = |v: &mut Self, name: &str, given: Option<String>| match given {
             Some(f) if !f.is_empty() => Some(std::path::PathBuf::from(f)),
             _ => {
@@ -417,12 +447,11 @@ impl Validator<'_> {
                 None
             }
         };
-        let cert_file = file(self, "cert_file", raw.cert_file);
-        let key_file = file(self, "key_file", raw.key_file);
+        let cert_file = file(self, "cert_file", cert_file);
+        let key_file = file(self, "key_file", key_file);
         let (cert_file, key_file) = (cert_file?, key_file?);
         match crate::tls::load(&cert_file, &key_file) {
-            Ok((served, pair)) => Some(TlsListener {
-                http2,
+            Ok((served, pair)) => Some(TlsCert {
                 cert_file,
                 key_file,
                 served,
