@@ -133,3 +133,94 @@ fn an_http2_client_is_told_the_stream_limit_and_closed_when_idle() {
         assert!(idle_since.elapsed() >= Duration::from_millis(250));
     });
 }
+
+/// One HTTP/2 request on a fresh h2c connection, with `:path` and `:authority` exactly as given
+/// and `headers` beside them: its status.
+fn h2_request(
+    addr: std::net::SocketAddr,
+    authority: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> u16 {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(conn);
+        let uri = http::Uri::builder()
+            .scheme("http")
+            .authority(authority)
+            .path_and_query(path)
+            .build()
+            .unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        let mut request = http::Request::get(uri).body(()).unwrap();
+        for (name, value) in headers {
+            request.headers_mut().append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        let (response, _) = client.send_request(request, true).unwrap();
+        let response = tokio::time::timeout(Duration::from_secs(10), response)
+            .await
+            .expect("an answer")
+            .unwrap();
+        response.status().as_u16()
+    })
+}
+
+/// Over HTTP/2 as over HTTP/1.1: every spelling of a limited path is counted on its route and
+/// refused once the bucket is empty, and a Host that disagrees with `:authority` is a 400.
+#[test]
+fn http2_paths_and_authority_cannot_walk_around_a_limit() {
+    let upstream = Upstream::start();
+    let yaml = format!(
+        "listen:\n  - {{ address: \"{{listen}}\", h2c: true }}\nadmin: \"{{admin}}\"\nroutes:\n  \
+         - name: login\n    match: {{ path_prefix: \"/login\" }}\n    upstream: \"{0}\"\n    \
+         limits: [{{ name: per_user, capacity: 1, refill: \"1/h\", key: \"header:x-user\" }}]\n  \
+         - name: default\n    upstream: \"{0}\"\n",
+        upstream.addr
+    );
+    let proxy = Proxy::start(&yaml);
+    let host = proxy.addr.to_string();
+    let user = [("x-user", "mallory")];
+    assert_eq!(h2_request(proxy.addr, &host, "/login", &user), 200);
+    assert_eq!(upstream.targets(), ["/login"]);
+    for spelling in [
+        "/login",
+        "//login",
+        "/./login",
+        "/x/../login",
+        "/%6cogin",
+        "/%6Cogin?next=/",
+        "/login/",
+    ] {
+        assert_eq!(
+            h2_request(proxy.addr, &host, spelling, &user),
+            429,
+            "{spelling} walked around the limit"
+        );
+    }
+    assert_eq!(upstream.hits(), 1, "no spelling reached the upstream");
+    assert_eq!(proxy.decisions("login", "rejected"), 7);
+
+    // A Host header that names another host than :authority: refused, not routed by either.
+    assert_eq!(
+        h2_request(
+            proxy.addr,
+            &host,
+            "/other",
+            &[("host", "elsewhere.example")]
+        ),
+        400
+    );
+    assert_eq!(upstream.hits(), 1);
+    // Agreeing, it is served.
+    assert_eq!(
+        h2_request(proxy.addr, &host, "/other", &[("host", &host)]),
+        200
+    );
+}
