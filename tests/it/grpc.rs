@@ -247,3 +247,28 @@ fn a_grpc_call_on_a_fail_closed_route_with_redis_down_is_unavailable() {
     }
     assert_eq!(proxy.decisions("grpc-orders", "fail_closed"), 2);
 }
+
+/// `key: path` is a bucket per gRPC method: one method's calls run out together, whoever makes
+/// them, while another method is untouched.
+#[test]
+fn a_path_keyed_limit_is_a_bucket_per_grpc_method() {
+    let server = GrpcServer::start();
+    let yaml = format!(
+        "listen:\n  - {{ address: \"{{listen}}\", h2c: true }}\nadmin: \"{{admin}}\"\n{}",
+        route(server.port).replace("key: \"header:x-api-key\"", "key: path")
+    );
+    let proxy = Proxy::start(&yaml);
+    let codes: Vec<String> = calls(
+        &proxy.addr.to_string(),
+        None,
+        &["Get:x", "Get:y", "Get:z", "List:x", "List:y", "Chat:z"],
+    )
+    .into_iter()
+    .map(|o| o.code)
+    .collect();
+    assert_eq!(
+        codes,
+        ["OK", "OK", "RESOURCE_EXHAUSTED", "OK", "OK", "OK"],
+        "per method, not per client"
+    );
+}
