@@ -418,3 +418,64 @@ fn certificates_are_chosen_by_the_name_the_client_asks_for() {
     assert!(text.contains("TLS for api.test, expires"), "{text}");
     assert!(text.contains("TLS for *.apps.test, expires"), "{text}");
 }
+
+/// Over TLS, with HTTP/2 and with HTTP/1.1 alike: the allowed response carries every rate-limit
+/// field, and the refusal too, with Retry-After.
+#[test]
+fn every_rate_limit_field_is_sent_over_tls_with_either_http_version() {
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&config(dir.path(), "server.crt", "server.key", &upstream));
+    for (version, key) in [("--http2", "two"), ("--http1.1", "one")] {
+        let heads: Vec<(String, String)> = (0..3)
+            .map(|_| {
+                let out = Command::new("curl")
+                    .args([
+                        "-s",
+                        "-i",
+                        "-o",
+                        "-",
+                        "--max-time",
+                        "10",
+                        version,
+                        "--cacert",
+                    ])
+                    .arg(dir.path().join("ca.crt"))
+                    .args(["-H", &format!("X-Api-Key: {key}")])
+                    .arg(format!("https://localhost:{}/hello", proxy.addr.port()))
+                    .output()
+                    .unwrap();
+                let text = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+                let status_line = text.lines().next().unwrap_or_default().to_string();
+                (status_line, text)
+            })
+            .collect();
+        let want_line = if version == "--http2" {
+            "http/2 "
+        } else {
+            "http/1.1 "
+        };
+        for (i, (line, head)) in heads.iter().enumerate() {
+            let status = if i < 2 { "200" } else { "429" };
+            assert!(
+                line.starts_with(want_line) && line.contains(status),
+                "{version} #{i}: {line}"
+            );
+            let mut fields = vec![
+                "x-ratelimit-limit: 2",
+                "x-ratelimit-remaining: ",
+                "x-ratelimit-reset: ",
+                "ratelimit: \"per_key\";r=",
+                "ratelimit-policy: \"per_key\";q=2;w=",
+            ];
+            if i == 2 {
+                fields.push("retry-after: ");
+            }
+            for field in fields {
+                assert!(head.contains(field), "{version} #{i}: {field} in {head}");
+            }
+        }
+    }
+    assert_eq!(upstream.hits(), 4);
+}
