@@ -30,8 +30,9 @@ const MAX_HEAD: usize = 1 << 20;
 /// What a head is read into at first, as Pingora does: most heads fit.
 const HEAD_BUFFER: usize = 4096;
 
-/// The first line of HTTP/2's connection preface, and the blank line that ends it as if it were
-/// an HTTP/1.1 head (RFC 9113 §3.4): what a client with prior knowledge sends first.
+/// HTTP/2's connection preface (RFC 9113 §3.4): what a client sends first.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// Its first line and the blank line after it, which read like a whole HTTP/1.1 head.
 const H2_PREFACE_HEAD: &[u8] = b"PRI * HTTP/2.0\r\n\r\n";
 
 pub struct Connections<A> {
@@ -88,7 +89,9 @@ impl<A> Connections<A> {
             .and_then(|d| d.local_addr().and_then(|a| a.as_inet().copied()));
         local.is_some_and(|local| {
             self.h2c.iter().any(|l| {
-                l.port() == local.port() && (l.ip().is_unspecified() || l.ip() == local.ip())
+                // 0.0.0.0 takes IPv4 only; [::] may take both (dual stack).
+                let any = l.ip().is_unspecified() && (l.is_ipv6() || local.is_ipv4());
+                l.port() == local.port() && (any || l.ip() == local.ip())
             })
         })
     }
@@ -120,6 +123,8 @@ enum NoHead {
     Slow(bool),
     TooLarge,
     Refused(Refused),
+    /// An HTTP/2 connection that did not open with HTTP/2's preface.
+    NotHttp2,
     ShuttingDown,
 }
 
@@ -140,13 +145,15 @@ where
             return None;
         };
         let _open = self.metrics.as_ref().map(Metrics::connection_open);
-        if matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) {
-            // HTTP/2 (negotiated by ALPN on a TLS listener): Pingora's own HTTP/2 server, which
-            // frames each request itself; the connection still holds its place under the cap.
-            return ServerApp::process_new(&self.app, stream, shutdown).await;
-        }
-        let h2c = self.accepts_h2c(&stream);
+        let alpn_h2 = matches!(stream.selected_alpn_proto(), Some(ALPN::H2));
+        let h2c = !alpn_h2 && self.accepts_h2c(&stream);
         let mut conn = Box::new(ClientConn::new(stream));
+        if alpn_h2 {
+            // HTTP/2 negotiated by ALPN on a TLS listener.
+            return self
+                .serve_h2(conn, BytesMut::with_capacity(64), started, shutdown)
+                .await;
+        }
         let mut settings = None;
         let mut first = true;
         loop {
@@ -155,11 +162,7 @@ where
                 .await
             {
                 Ok(Head::Http1(head)) => head,
-                Ok(Head::Http2(read)) => {
-                    // Pingora's HTTP/2 server reads the preface again from what was read here.
-                    conn.speak_h2(read);
-                    return ServerApp::process_new(&self.app, conn, shutdown).await;
-                }
+                Ok(Head::Http2(read)) => return self.serve_h2(conn, read, started, shutdown).await,
                 Err(end) => {
                     self.close(&mut conn, end).await;
                     return None;
@@ -198,7 +201,68 @@ where
     }
 }
 
+impl<A> Connections<A>
+where
+    A: HttpServerApp + Send + Sync + 'static,
+{
+    /// Serves an HTTP/2 connection with Pingora's own HTTP/2 server, which frames each request
+    /// itself; the connection still holds its place under the cap. Its preface must arrive whole
+    /// within `header_timeout` first: Pingora's handshake has no deadline, and its idle timeout
+    /// starts only after it, so half a preface would hold the place for ever.
+    async fn serve_h2(
+        &self,
+        mut conn: Box<ClientConn>,
+        read: BytesMut,
+        started: Instant,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        match self.read_preface(&mut conn, read, started, shutdown).await {
+            Ok(read) => {
+                // Pingora's HTTP/2 server reads the preface again from what was read here.
+                conn.speak_h2(read);
+                ServerApp::process_new(&self.app, conn, shutdown).await
+            }
+            Err(end) => {
+                self.close(&mut conn, end).await;
+                None
+            }
+        }
+    }
+}
+
 impl<A> Connections<A> {
+    /// Reads HTTP/2's preface whole (after `read`, what was read already) by the first head's
+    /// deadline.
+    async fn read_preface(
+        &self,
+        conn: &mut ClientConn,
+        mut buf: BytesMut,
+        started: Instant,
+        shutdown: &ShutdownWatch,
+    ) -> Result<BytesMut, NoHead> {
+        let deadline = started + self.limits.header_timeout;
+        let mut shutdown = shutdown.clone();
+        while buf.len() < H2_PREFACE.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let read = tokio::select! {
+                biased;
+                _ = shutdown.changed() => return Err(NoHead::ShuttingDown),
+                read = pingora::time::timeout(left, conn.socket().read_buf(&mut buf)) => read,
+            };
+            match read {
+                // No HTTP/1.1 408 for an HTTP/2 client: closed, counted as a slow head.
+                Err(_) => return Err(NoHead::Slow(false)),
+                Ok(Ok(0)) | Ok(Err(_)) if buf.is_empty() => return Err(NoHead::Gone),
+                Ok(Ok(0)) | Ok(Err(_)) => return Err(NoHead::Reset),
+                Ok(Ok(_)) => {}
+            }
+        }
+        if !buf.starts_with(H2_PREFACE) {
+            return Err(NoHead::NotHttp2);
+        }
+        Ok(buf)
+    }
+
     /// Reads the next request head within its deadlines; `conn` is told how long the body after
     /// it is. With `h2c`, HTTP/2's preface is taken as well as a head.
     async fn read_head(
@@ -274,6 +338,10 @@ impl<A> Connections<A> {
     async fn close(&self, conn: &mut ClientConn, end: NoHead) {
         let answer: Option<(&str, &str)> = match end {
             NoHead::Gone | NoHead::ShuttingDown => None,
+            NoHead::NotHttp2 => {
+                log::debug!("closed an HTTP/2 connection that did not open with the preface");
+                None
+            }
             NoHead::Reset => {
                 self.count(Closed::ClientReset);
                 None

@@ -224,3 +224,30 @@ fn http2_paths_and_authority_cannot_walk_around_a_limit() {
         200
     );
 }
+
+/// Half of HTTP/2's preface holds nothing: the connection is closed by the head deadline, as a
+/// slow HTTP/1.1 head is (Pingora's HTTP/2 handshake has no deadline of its own).
+#[test]
+fn half_an_http2_preface_is_closed_by_the_header_deadline() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&config(
+        &upstream,
+        "downstream: { header_timeout_ms: 300, idle_timeout_ms: 60000 }\n",
+    ));
+    let mut s = TcpStream::connect(proxy.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\n").unwrap();
+    let began = Instant::now();
+    let mut sink = Vec::new();
+    let read = s.read_to_end(&mut sink);
+    assert!(read.is_ok(), "still open after 20 s: {read:?}");
+    assert!(
+        sink.is_empty(),
+        "no HTTP/1.1 answer to an HTTP/2 client: {sink:?}"
+    );
+    assert!(began.elapsed() < Duration::from_secs(10));
+    assert_eq!(
+        proxy.metric("ratelimit_connections_closed_total{reason=\"header_timeout\"}"),
+        1.0
+    );
+}

@@ -479,3 +479,35 @@ fn every_rate_limit_field_is_sent_over_tls_with_either_http_version() {
     }
     assert_eq!(upstream.hits(), 4);
 }
+
+/// A TLS client that negotiates HTTP/2 and then sends nothing is closed by the head deadline:
+/// Pingora's HTTP/2 handshake would wait for its preface for ever.
+#[test]
+fn a_tls_client_that_negotiates_http2_and_says_nothing_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    let upstream = Upstream::start();
+    let yaml = config(dir.path(), "server.crt", "server.key", &upstream).replace(
+        "\nadmin:",
+        "\ndownstream: { header_timeout_ms: 300 }\nadmin:",
+    );
+    let proxy = Proxy::start(&yaml);
+    let mut client = Command::new("openssl")
+        .args(["s_client", "-quiet", "-alpn", "h2", "-connect"])
+        .arg(proxy.addr.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Its stdin stays open: it says nothing after the handshake, and exits when the proxy closes.
+    wait_for(
+        "the proxy to close the silent connection",
+        Duration::from_secs(20),
+        || client.try_wait().unwrap(),
+    );
+    assert_eq!(
+        proxy.metric("ratelimit_connections_closed_total{reason=\"header_timeout\"}"),
+        1.0
+    );
+}
