@@ -124,23 +124,24 @@ impl Reloader {
         let mut running = self.lock();
         let old = &running.0;
         let mut needs_restart = Vec::new();
-        // The same sockets, speaking the same protocols: certificates change in place; anything
-        // else about the listeners needs a restart.
+        // Certificates change in place wherever a listener keeps its address and protocols, even
+        // while another change to `listen` waits for a restart; the sockets are the running ones.
         let http2 = |l: &crate::config::Listener| l.tls.as_ref().map(|t| t.http2);
-        let same_sockets = new.listen.len() == old.listen.len()
-            && new
+        let mut listen = old.listen.clone();
+        let mut renewed = Vec::new();
+        for (i, o) in old.listen.iter().enumerate() {
+            let same = new
                 .listen
                 .iter()
-                .zip(&old.listen)
-                .all(|(n, o)| n.addr == o.addr && n.h2c == o.h2c && http2(n) == http2(o));
-        let renewed: Vec<usize> = if same_sockets {
-            (0..new.listen.len())
-                .filter(|&i| new.listen[i].tls != old.listen[i].tls)
-                .collect()
-        } else {
+                .find(|n| n.addr == o.addr && n.h2c == o.h2c && http2(n) == http2(o));
+            if let Some(n) = same.filter(|n| n.tls != o.tls) {
+                listen[i].tls.clone_from(&n.tls);
+                renewed.push(i);
+            }
+        }
+        if listen != new.listen {
             needs_restart.push("listen");
-            Vec::new()
-        };
+        }
         if new.admin != old.admin {
             needs_restart.push("admin");
         }
@@ -156,9 +157,7 @@ impl Reloader {
         if new.downstream != old.downstream {
             needs_restart.push("downstream");
         }
-        if !same_sockets {
-            new.listen.clone_from(&old.listen);
-        }
+        new.listen = listen;
         new.admin = old.admin;
         new.redis.clone_from(&old.redis);
         new.shutdown_grace = old.shutdown_grace;

@@ -511,3 +511,46 @@ fn a_tls_client_that_negotiates_http2_and_says_nothing_is_closed() {
         1.0
     );
 }
+
+/// A renewed certificate is put in place even while another change to `listen` waits for a
+/// restart.
+#[test]
+fn a_certificate_is_renewed_while_a_listener_change_waits_for_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    let upstream = Upstream::start();
+    let mut proxy = Proxy::start(&config(dir.path(), "server.crt", "server.key", &upstream));
+    let port = proxy.addr.port();
+    assert_eq!(curl(dir.path(), port, "alice").0, 200);
+
+    let renewed = tempfile::tempdir().unwrap();
+    certificates(renewed.path());
+    for file in ["server.crt", "server.key"] {
+        std::fs::copy(renewed.path().join(file), dir.path().join(file)).unwrap();
+    }
+    let extra = format!("127.0.0.1:{}", crate::support::free_port());
+    let yaml = std::fs::read_to_string(proxy.config_path())
+        .unwrap()
+        .replace("\nadmin:", &format!("\n  - \"{extra}\"\nadmin:"));
+    proxy.rewrite_config(&yaml);
+    proxy.signal("-HUP");
+    wait_for("the renewed certificate", Duration::from_secs(10), || {
+        proxy
+            .stderr()
+            .contains("TLS certificate reloaded")
+            .then_some(())
+    });
+    assert!(
+        proxy
+            .stderr()
+            .contains("need a restart to apply, still running the old values: listen"),
+        "{}",
+        proxy.stderr()
+    );
+    let (status, head) = curl(renewed.path(), port, "alice");
+    assert_eq!(status, 200, "served with the renewed certificate");
+    assert!(
+        head.contains("x-ratelimit-remaining: 0"),
+        "the bucket kept: {head}"
+    );
+}
