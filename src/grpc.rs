@@ -5,6 +5,7 @@
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
+use pingora::http::ResponseHeader;
 
 /// `grpc-status` of a request a limit refused.
 pub const RESOURCE_EXHAUSTED: u8 = 8;
@@ -12,15 +13,16 @@ pub const RESOURCE_EXHAUSTED: u8 = 8;
 pub const UNAVAILABLE: u8 = 14;
 
 /// Whether the request is a gRPC call: its content type is `application/grpc`, alone or with a
-/// `+proto`, `+json`, … suffix (the gRPC over HTTP/2 spec).
+/// `+proto`, `+json`, … suffix or parameters (the gRPC over HTTP/2 spec). gRPC-Web
+/// (`application/grpc-web…`) is not: its clients read a different framing.
 pub fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| starts_with_ignore_case(v.as_bytes(), b"application/grpc"))
-}
-
-fn starts_with_ignore_case(v: &[u8], prefix: &[u8]) -> bool {
-    v.len() >= prefix.len() && v[..prefix.len()].eq_ignore_ascii_case(prefix)
+    const GRPC: &[u8] = b"application/grpc";
+    headers.get(http::header::CONTENT_TYPE).is_some_and(|v| {
+        let v = v.as_bytes();
+        v.len() >= GRPC.len()
+            && v[..GRPC.len()].eq_ignore_ascii_case(GRPC)
+            && matches!(v.get(GRPC.len()), None | Some(b'+' | b';'))
+    })
 }
 
 /// `grpc-message`: the text percent-encoded as the spec asks (every byte outside printable ASCII,
@@ -45,6 +47,23 @@ pub fn status(code: u8) -> HeaderValue {
     HeaderValue::from(u16::from(code))
 }
 
+/// A trailers-only response: HTTP 200 and the status in the headers (which end the stream), with
+/// `extra` as metadata.
+pub fn trailers_only(
+    code: u8,
+    detail: &str,
+    extra: Vec<(&'static str, HeaderValue)>,
+) -> pingora::Result<ResponseHeader> {
+    let mut resp = ResponseHeader::build_no_case(200, Some(3 + extra.len()))?;
+    resp.insert_header(http::header::CONTENT_TYPE, "application/grpc")?;
+    resp.insert_header("grpc-status", status(code))?;
+    resp.insert_header("grpc-message", message(detail))?;
+    for (name, value) in extra {
+        resp.insert_header(name, value)?;
+    }
+    Ok(resp)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,6 +76,9 @@ mod tests {
             ("application/grpc", true),
             ("application/grpc+proto", true),
             ("Application/GRPC+json", true),
+            ("application/grpc; charset=utf-8", true),
+            ("application/grpc-web-text", false),
+            ("application/grpcx", false),
             ("application/json", false),
             ("application/grp", false),
         ] {

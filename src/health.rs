@@ -12,8 +12,14 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use pingora::upstreams::peer::{HttpPeer, Peer};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Probes so far: each probe's own connection group (Pingora reuses connections by group).
+static PROBES: AtomicU64 = AtomicU64::new(0);
+/// Set in every probe's group, so none is a request's group (0, or a CA bundle's hash).
+const PROBE_GROUP: u64 = 1 << 63;
 
 /// How often the checker looks for routes whose interval has come round.
 const TICK: Duration = Duration::from_millis(100);
@@ -109,7 +115,12 @@ async fn probe(connector: Arc<Connector>, peer: HttpPeer, path: String, timeout:
         request
             .insert_header("user-agent", "ratelimit-proxy-health")
             .ok()?;
-        // A fresh connection each time, never returned to the pool: a probe checks connecting too.
+        // A fresh connection each time, never returned to the pool: a probe checks connecting
+        // (and the TLS handshake) too. One stream per HTTP/2 connection keeps Pingora from
+        // sharing it with the next probe; a unique group keeps it from reusing a request's.
+        let mut peer = peer;
+        peer.options.max_h2_streams = 1;
+        peer.group_key = PROBES.fetch_add(1, Ordering::Relaxed) | PROBE_GROUP;
         let (mut session, _) = connector.get_http_session(&peer).await.ok()?;
         session.write_request_header(Box::new(request)).await.ok()?;
         session.finish_request_body().await.ok()?;

@@ -23,6 +23,7 @@
 pub mod words;
 
 pub mod admin;
+pub mod answer;
 pub mod bind;
 pub mod canonical;
 pub mod client;

@@ -29,9 +29,9 @@ pub fn build(
         (true, None) => host.to_string(),
     };
     let mut peer = HttpPeer::new(addr, https, sni);
+    peer.options.connection_timeout = Some(timeouts.connect);
+    peer.options.read_timeout = Some(timeouts.read);
     let options = &mut peer.options;
-    options.connection_timeout = Some(timeouts.connect);
-    options.read_timeout = Some(timeouts.read);
     match scheme {
         UpstreamScheme::Http => {}
         UpstreamScheme::Https => {
@@ -40,6 +40,9 @@ pub fn build(
             options.max_h2_streams = UPSTREAM_H2_STREAMS;
             if let Some(ca) = &tls.ca {
                 options.ca = Some(ca_list(&ca.certs));
+                // Pingora reuses a connection for any peer of the same address, SNI and group:
+                // a reloaded CA bundle must not reuse connections verified with the old one.
+                peer.group_key = ca_group(&ca.certs);
             }
         }
         UpstreamScheme::H2c => {
@@ -49,6 +52,17 @@ pub fn build(
         }
     }
     peer
+}
+
+/// A connection group for a CA bundle: a hash of its certificates, the top bit clear (health
+/// probes set it for groups of their own).
+fn ca_group(certs: &[rustls::pki_types::CertificateDer<'static>]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for der in certs {
+        der.as_ref().hash(&mut h);
+    }
+    (h.finish() >> 1).max(1)
 }
 
 /// The CA list in Pingora's form. The certificates were parsed when the config was loaded, so

@@ -1,12 +1,12 @@
 //! The Pingora glue: decide in `request_filter`, decorate in `response_filter`, count in
 //! `logging`. What to decide, which headers, which metrics: all of that lives elsewhere.
 
+use crate::answer;
 use crate::canonical::{self, Refused, Rewrite};
 use crate::clock::SystemClock;
 use crate::gate::{Asking, Gate, Verdict};
-use crate::grpc;
 use crate::head_room;
-use crate::headers::{self, Refusal};
+use crate::headers;
 use crate::limiter::{Decision, Limiter};
 use crate::metrics::{Closed, Metrics, Outcome};
 use crate::plan::{Plan, RoutePlan};
@@ -64,6 +64,9 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         let plan = self.plan.load_full();
+        if session.req_header().version == http::Version::HTTP_2 {
+            host_from_authority(session.req_header_mut())?;
+        }
         let req = session.req_header();
         // HTTP/2 names the host in `:authority`, which Pingora keeps in the URI.
         let pseudo = (req.version == http::Version::HTTP_2)
@@ -85,7 +88,7 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         let path = &*request.target.path;
         let Some(index) = plan.table.find(host, req.method.as_str(), path) else {
             let body = "404 Not Found: no route matches this request\n";
-            respond(session, 404, "text/plain; charset=utf-8", Vec::new(), body).await?;
+            answer::respond(session, 404, "text/plain; charset=utf-8", Vec::new(), body).await?;
             return Ok(true);
         };
         let route = &plan.routes[index];
@@ -127,7 +130,7 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
                 Ok(false)
             }
             refused => {
-                answer(session, route, refused).await?;
+                answer::refusal(session, route, refused).await?;
                 Ok(true)
             }
         }
@@ -317,128 +320,6 @@ fn route_of(ctx: &RequestCtx) -> Option<&RoutePlan> {
     ctx.plan.as_ref()?.routes.get(ctx.route?)
 }
 
-/// Answers a request the gate did not let through: the route's deny response (with the rate-limit
-/// headers when waiting will help), or 503 when the store failed on a route that fails closed. A
-/// gRPC call gets the same as gRPC statuses instead.
-async fn answer(session: &mut Session, route: &RoutePlan, verdict: Verdict) -> Result<()> {
-    if grpc::is_grpc(&session.req_header().headers) {
-        return answer_grpc(session, route, verdict).await;
-    }
-    match verdict {
-        Verdict::Pass(..) => Ok(()),
-        Verdict::Reject(_, decision, limits) => {
-            let (extra, why) =
-                route
-                    .headers
-                    .rejection(&decision, &limits, route.deny.status, &route.name);
-            refuse(session, route, extra, &why).await
-        }
-        Verdict::MissingKey(i) => {
-            let why = Refusal {
-                status: route.deny.status,
-                route: &route.name,
-                violated: vec![route.headers.limit_name(i)],
-                retry_after: None,
-            };
-            refuse(session, route, Vec::new(), &why).await
-        }
-        Verdict::Unavailable => {
-            let body = "503 Service Unavailable: rate-limit store unavailable\n";
-            respond(session, 503, "text/plain; charset=utf-8", Vec::new(), body).await
-        }
-    }
-}
-
-/// A gRPC call's refusal: trailers-only, RESOURCE_EXHAUSTED for a limit (with the rate-limit
-/// fields and `retry-after` as metadata), UNAVAILABLE for a store that failed closed.
-async fn answer_grpc(session: &mut Session, route: &RoutePlan, verdict: Verdict) -> Result<()> {
-    let (code, extra, detail) = match verdict {
-        Verdict::Pass(..) => return Ok(()),
-        Verdict::Reject(_, decision, limits) => {
-            let (extra, why) = route
-                .headers
-                .rejection(&decision, &limits, 200, &route.name);
-            (
-                grpc::RESOURCE_EXHAUSTED,
-                extra,
-                headers::refusal_detail(&why),
-            )
-        }
-        Verdict::MissingKey(i) => {
-            let why = Refusal {
-                status: 200,
-                route: &route.name,
-                violated: vec![route.headers.limit_name(i)],
-                retry_after: None,
-            };
-            (
-                grpc::RESOURCE_EXHAUSTED,
-                Vec::new(),
-                headers::refusal_detail(&why),
-            )
-        }
-        Verdict::Unavailable => (
-            grpc::UNAVAILABLE,
-            Vec::new(),
-            "rate-limit store unavailable".to_string(),
-        ),
-    };
-    let mut resp = ResponseHeader::build_no_case(200, Some(4 + extra.len()))?;
-    resp.insert_header(header::CONTENT_TYPE, "application/grpc")?;
-    resp.insert_header("grpc-status", grpc::status(code))?;
-    resp.insert_header("grpc-message", grpc::message(&detail))?;
-    for (name, value) in extra {
-        resp.insert_header(name, value)?;
-    }
-    if session.as_downstream().is_http2() {
-        // One HEADERS frame that ends the stream: what gRPC calls trailers-only. Pingora's proxy
-        // session would send an empty DATA frame to end it, which gRPC clients take for a broken
-        // response.
-        let task = pingora::protocols::http::HttpTask::Header(Box::new(resp), true);
-        session
-            .as_downstream_mut()
-            .response_duplex_vec(vec![task])
-            .await?;
-        return Ok(());
-    }
-    resp.insert_header(header::CONTENT_LENGTH, "0")?;
-    session.write_response_header(Box::new(resp), false).await?;
-    session.write_response_body(Some(Bytes::new()), true).await
-}
-
-/// Writes the route's deny response.
-async fn refuse(
-    session: &mut Session,
-    route: &RoutePlan,
-    extra: Vec<(&'static str, HeaderValue)>,
-    why: &Refusal<'_>,
-) -> Result<()> {
-    let (content_type, body) = headers::refusal_body(&route.deny.format, why);
-    respond(session, why.status, content_type, extra, body).await
-}
-
-/// Writes a complete response from `request_filter`, where Pingora has no upstream response to
-/// decorate: the headers travel with it.
-async fn respond(
-    session: &mut Session,
-    status: u16,
-    content_type: &str,
-    extra: Vec<(&'static str, HeaderValue)>,
-    body: impl Into<Bytes>,
-) -> Result<()> {
-    let body = body.into();
-    // Without the map that keeps header names as a peer spelled them: these names are ours, and
-    // every insert would otherwise go into two maps.
-    let mut resp = ResponseHeader::build_no_case(status, Some(4 + extra.len()))?;
-    resp.insert_header(header::CONTENT_TYPE, content_type)?;
-    resp.insert_header(header::CONTENT_LENGTH, body.len())?;
-    for (name, value) in extra {
-        resp.insert_header(name, value)?;
-    }
-    session.write_response_header(Box::new(resp), false).await?;
-    session.write_response_body(Some(body), true).await
-}
-
 /// A request that cannot be put in canonical form, or that repeats a header its limit keys on:
 /// 400, counted by reason, and the connection closed (its framing may not be what it seems).
 impl<L> RateLimitProxy<L> {
@@ -447,8 +328,25 @@ impl<L> RateLimitProxy<L> {
         log::debug!("refused a request: {}", why.explain());
         session.set_keepalive(None);
         let body = format!("400 Bad Request: {}\n", why.explain());
-        respond(session, 400, "text/plain; charset=utf-8", Vec::new(), body).await?;
+        answer::respond(session, 400, "text/plain; charset=utf-8", Vec::new(), body).await?;
         Ok(true)
+    }
+}
+
+/// An HTTP/2 request that names its host only in `:authority` gets it as a `Host` header too, as
+/// an HTTP/1.1 request would carry it: a limit keyed on `header:host` then finds it (and the
+/// HTTP/1.1 upstream is told it). One that has both is checked in `canonical`.
+fn host_from_authority(req: &mut RequestHeader) -> Result<()> {
+    if req.headers.contains_key(header::HOST) {
+        return Ok(());
+    }
+    match req
+        .uri
+        .authority()
+        .map(|a| HeaderValue::from_str(a.as_str()))
+    {
+        Some(Ok(host)) => req.insert_header(header::HOST, host),
+        _ => Ok(()),
     }
 }
 

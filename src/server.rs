@@ -228,7 +228,7 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
         &server.configuration,
         RateLimitProxy::new(parts.plan.clone(), gate, parts.metrics.clone()),
     );
-    // HTTP/2 connections (ALPN h2) are Pingora's: bound their streams, and close them when idle
+    // HTTP/2 connections (ALPN h2 or h2c) are Pingora's: bound their streams, and close them when idle
     // as an HTTP/1.1 keep-alive is (its HTTP/2 server has no idle timeout of its own).
     let mut h2 = pingora::protocols::http::v2::server::default_h2_options();
     h2.max_concurrent_streams(config.downstream.max_concurrent_streams);

@@ -251,3 +251,44 @@ fn half_an_http2_preface_is_closed_by_the_header_deadline() {
         1.0
     );
 }
+
+/// A limit keyed on `header:host` finds an HTTP/2 request's host in `:authority`, as it finds an
+/// HTTP/1.1 request's in `Host`: a bucket per host, not one shared by every HTTP/2 client.
+#[test]
+fn a_host_keyed_limit_reads_the_authority_of_http2_requests() {
+    let upstream = Upstream::start();
+    let yaml = config(&upstream, "").replace("header:X-Api-Key", "header:host");
+    let proxy = Proxy::start(&yaml);
+    let statuses: Vec<u16> = ["a.test", "a.test", "a.test", "b.test"]
+        .iter()
+        .map(|host| h2_request(proxy.addr, host, "/x", &[]))
+        .collect();
+    assert_eq!(statuses, [200, 200, 429, 200]);
+    assert_eq!(upstream.last_header("host"), ["b.test"]);
+}
+
+/// Only gRPC over HTTP/2 gets a gRPC-shaped refusal: gRPC-Web over HTTP/2, and `application/grpc`
+/// over HTTP/1.1, get the route's ordinary 429 (a 200 would read as success to anything between).
+#[test]
+fn grpc_shaped_refusals_are_for_grpc_over_http2_only() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&config(&upstream, ""));
+    let web = [
+        ("content-type", "application/grpc-web-text"),
+        ("x-api-key", "web"),
+    ];
+    let statuses: Vec<u16> = (0..3)
+        .map(|_| h2_request(proxy.addr, "a.test", "/svc/M", &web))
+        .collect();
+    assert_eq!(statuses, [200, 200, 429]);
+    let url = format!("http://{}/svc/M", proxy.addr);
+    let h1 = [
+        "--http1.1",
+        "-H",
+        "content-type: application/grpc",
+        "-H",
+        "X-Api-Key: h1",
+    ];
+    let statuses: Vec<u16> = (0..3).map(|_| curl(&h1, &url).1).collect();
+    assert_eq!(statuses, [200, 200, 429]);
+}

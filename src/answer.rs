@@ -1,0 +1,124 @@
+//! The responses the proxy writes itself, in `request_filter`, where Pingora has no upstream
+//! response to decorate: a refusal by the gate (the route's deny response, or a gRPC status), and
+//! the 404 and 400 of requests no route takes.
+
+use crate::gate::Verdict;
+use crate::grpc;
+use crate::headers::{self, Refusal};
+use crate::plan::RoutePlan;
+use bytes::Bytes;
+use http::{header, HeaderValue};
+use pingora::http::ResponseHeader;
+use pingora::prelude::*;
+
+/// Answers a request the gate did not let through: the route's deny response (with the rate-limit
+/// headers when waiting will help), or 503 when the store failed on a route that fails closed. A
+/// gRPC call gets the same as gRPC statuses instead.
+pub async fn refusal(session: &mut Session, route: &RoutePlan, verdict: Verdict) -> Result<()> {
+    // gRPC runs over HTTP/2; over HTTP/1.1 a 200 would only read as success to whatever is
+    // between the two.
+    if session.as_downstream().is_http2() && grpc::is_grpc(&session.req_header().headers) {
+        return refusal_grpc(session, route, verdict).await;
+    }
+    match verdict {
+        Verdict::Pass(..) => Ok(()),
+        Verdict::Reject(_, decision, limits) => {
+            let (extra, why) =
+                route
+                    .headers
+                    .rejection(&decision, &limits, route.deny.status, &route.name);
+            refuse(session, route, extra, &why).await
+        }
+        Verdict::MissingKey(i) => {
+            let why = Refusal {
+                status: route.deny.status,
+                route: &route.name,
+                violated: vec![route.headers.limit_name(i)],
+                retry_after: None,
+            };
+            refuse(session, route, Vec::new(), &why).await
+        }
+        Verdict::Unavailable => {
+            let body = "503 Service Unavailable: rate-limit store unavailable\n";
+            respond(session, 503, "text/plain; charset=utf-8", Vec::new(), body).await
+        }
+    }
+}
+
+/// A gRPC call's refusal (HTTP/2 only): trailers-only, RESOURCE_EXHAUSTED for a limit (with the
+/// rate-limit fields and `retry-after` as metadata), UNAVAILABLE for a store that failed closed.
+async fn refusal_grpc(session: &mut Session, route: &RoutePlan, verdict: Verdict) -> Result<()> {
+    let (code, extra, detail) = match verdict {
+        Verdict::Pass(..) => return Ok(()),
+        Verdict::Reject(_, decision, limits) => {
+            let (extra, why) = route
+                .headers
+                .rejection(&decision, &limits, 200, &route.name);
+            (
+                grpc::RESOURCE_EXHAUSTED,
+                extra,
+                headers::refusal_detail(&why),
+            )
+        }
+        Verdict::MissingKey(i) => {
+            let why = Refusal {
+                status: 200,
+                route: &route.name,
+                violated: vec![route.headers.limit_name(i)],
+                retry_after: None,
+            };
+            (
+                grpc::RESOURCE_EXHAUSTED,
+                Vec::new(),
+                headers::refusal_detail(&why),
+            )
+        }
+        Verdict::Unavailable => (
+            grpc::UNAVAILABLE,
+            Vec::new(),
+            "rate-limit store unavailable".to_string(),
+        ),
+    };
+    let resp = grpc::trailers_only(code, &detail, extra)?;
+    // One HEADERS frame that ends the stream. Pingora's proxy session would send an empty DATA
+    // frame to end it, which gRPC clients take for a broken response.
+    let task = pingora::protocols::http::HttpTask::Header(Box::new(resp), true);
+    session
+        .as_downstream_mut()
+        .response_duplex_vec(vec![task])
+        .await?;
+    Ok(())
+}
+
+/// Writes the route's deny response.
+async fn refuse(
+    session: &mut Session,
+    route: &RoutePlan,
+    extra: Vec<(&'static str, HeaderValue)>,
+    why: &Refusal<'_>,
+) -> Result<()> {
+    let (content_type, body) = headers::refusal_body(&route.deny.format, why);
+    respond(session, why.status, content_type, extra, body).await
+}
+
+/// Writes a complete response from `request_filter`, where Pingora has no upstream response to
+/// decorate: the headers travel with it.
+pub async fn respond(
+    session: &mut Session,
+    status: u16,
+    content_type: &str,
+    extra: Vec<(&'static str, HeaderValue)>,
+    body: impl Into<Bytes>,
+) -> Result<()> {
+    let body = body.into();
+    // Without the map that keeps header names as a peer spelled them: these names are ours, and
+    // every insert would otherwise go into two maps.
+    let mut resp = ResponseHeader::build_no_case(status, Some(4 + extra.len()))?;
+    resp.insert_header(header::CONTENT_TYPE, content_type)?;
+    resp.insert_header(header::CONTENT_LENGTH, body.len())?;
+    for (name, value) in extra {
+        resp.insert_header(name, value)?;
+    }
+    session.write_response_header(Box::new(resp), false).await?;
+    session.write_response_body(Some(body), true).await
+}
