@@ -1,22 +1,16 @@
-//! A TLS listener's certificate and key: read, checked to belong together, and described (the
-//! names it serves, when it expires) for `--check` and the logs; and served through a resolver of
-//! our own, so that a reload can put a renewed pair in place for new connections without a restart
-//! (Pingora's listener would read the files once). A bad pair is a config problem, never a panic
-//! inside Pingora.
+//! A TLS listener's certificates and keys: read, checked to belong together, and described (the
+//! names each serves, when it expires) for `--check` and the logs; CA files for verifying
+//! upstreams. A bad pair or CA file is a config problem, never a panic inside Pingora. Serving them
+//! is `resolver`'s.
 
-use crate::config::{Listener, TlsListener};
-use arc_swap::ArcSwap;
-use prometheus::core::{Collector, Desc};
-use prometheus::proto::MetricFamily;
-use prometheus::{IntGaugeVec, Opts};
+mod resolver;
+
+pub use resolver::{Resolver, Resolvers};
+
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::ClientHello as Hello;
-use rustls::server::ResolvesServerCert;
 use rustls::sign::CertifiedKey;
-use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 /// A certificate chain with its key, ready to serve. Equal when the chains are.
@@ -34,149 +28,6 @@ impl Eq for Pair {}
 impl std::fmt::Debug for Pair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Pair({} certificates)", self.0.cert.len())
-    }
-}
-
-/// What one TLS listener serves: the certificates a reload last put in place.
-#[derive(Debug)]
-pub struct Resolver {
-    current: ArcSwap<Certificates>,
-    /// The soonest notAfter of its leaves (Unix s).
-    not_after: AtomicI64,
-}
-
-/// A listener's certificates, each with the names it is chosen for (lower case; `*.` wildcards).
-#[derive(Debug)]
-struct Certificates(Vec<(Vec<String>, Arc<CertifiedKey>)>);
-
-impl Certificates {
-    fn of(tls: &TlsListener) -> Arc<Certificates> {
-        Arc::new(Certificates(
-            tls.certs
-                .iter()
-                .map(|c| {
-                    let names = c
-                        .served
-                        .names
-                        .iter()
-                        .map(|n| n.to_ascii_lowercase())
-                        .collect();
-                    (names, c.pair.0.clone())
-                })
-                .collect(),
-        ))
-    }
-
-    /// The first certificate that carries `name`, else the first of all.
-    fn choose(&self, name: Option<&str>) -> Option<&Arc<CertifiedKey>> {
-        let by_name = name.and_then(|name| {
-            self.0
-                .iter()
-                .find(|(names, _)| names.iter().any(|n| name_matches(n, name)))
-        });
-        by_name.or(self.0.first()).map(|(_, key)| key)
-    }
-}
-
-/// Whether a certificate name (lower case) covers the name a client asked for: equal ignoring
-/// case, or `*.example.com` for exactly one label before `example.com` (RFC 6125 §6.4.3).
-fn name_matches(pattern: &str, asked: &str) -> bool {
-    match pattern.strip_prefix("*.") {
-        Some(parent) => asked
-            .split_once('.')
-            .is_some_and(|(label, rest)| !label.is_empty() && rest.eq_ignore_ascii_case(parent)),
-        None => pattern.eq_ignore_ascii_case(asked),
-    }
-}
-
-/// The soonest expiry among a listener's certificates.
-fn soonest(tls: &TlsListener) -> i64 {
-    tls.certs
-        .iter()
-        .map(|c| c.served.not_after)
-        .min()
-        .unwrap_or(0)
-}
-
-impl Resolver {
-    fn new(tls: &TlsListener) -> Arc<Resolver> {
-        Arc::new(Resolver {
-            current: ArcSwap::new(Certificates::of(tls)),
-            not_after: AtomicI64::new(soonest(tls)),
-        })
-    }
-}
-
-impl ResolvesServerCert for Resolver {
-    fn resolve(&self, hello: Hello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.current.load().choose(hello.server_name()).cloned()
-    }
-}
-
-/// Every TLS listener's resolver, by address: where a reload puts renewed certificates. Also the
-/// collector of `ratelimit_tls_cert_expiry_seconds`, worked out at each scrape.
-#[derive(Debug, Clone)]
-pub struct Resolvers {
-    listeners: Vec<(SocketAddr, Arc<Resolver>)>,
-    expiry: IntGaugeVec,
-}
-
-impl Resolvers {
-    /// A resolver for each TLS listener, serving its pair until a reload replaces it.
-    pub fn new(listen: &[Listener]) -> Resolvers {
-        let expiry = IntGaugeVec::new(
-            Opts::new(
-                "ratelimit_tls_cert_expiry_seconds",
-                "Seconds until the certificate a TLS listener serves expires (negative: expired)",
-            ),
-            &["listener"],
-        )
-        .expect("a valid metric definition");
-        Resolvers {
-            listeners: listen
-                .iter()
-                .filter_map(|l| Some((l.addr, Resolver::new(l.tls.as_ref()?))))
-                .collect(),
-            expiry,
-        }
-    }
-
-    /// The resolver of the TLS listener at `addr`.
-    pub fn get(&self, addr: SocketAddr) -> Option<Arc<Resolver>> {
-        self.listeners
-            .iter()
-            .find(|(a, _)| *a == addr)
-            .map(|(_, r)| r.clone())
-    }
-
-    /// New connections to `addr` get `tls`'s certificates from now on; `false` when no TLS
-    /// listener is there.
-    pub fn install(&self, addr: SocketAddr, tls: &TlsListener) -> bool {
-        match self.get(addr) {
-            Some(r) => {
-                r.current.store(Certificates::of(tls));
-                r.not_after.store(soonest(tls), Ordering::Relaxed);
-                true
-            }
-            None => false,
-        }
-    }
-}
-
-impl Collector for Resolvers {
-    fn desc(&self) -> Vec<&Desc> {
-        self.expiry.desc()
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
-        let now = unix_now();
-        for (addr, r) in &self.listeners {
-            let left = r.not_after.load(Ordering::Relaxed) - now;
-            self.expiry
-                .with_label_values(&[addr.to_string().as_str()])
-                .set(left);
-        }
-        self.expiry.collect()
     }
 }
 
@@ -332,16 +183,6 @@ fn describe(der: &CertificateDer<'_>) -> Result<Served, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_wildcard_covers_one_label_and_names_ignore_case() {
-        assert!(name_matches("api.example.com", "API.example.com"));
-        assert!(name_matches("*.example.com", "a.example.com"));
-        assert!(!name_matches("*.example.com", "example.com"));
-        assert!(!name_matches("*.example.com", "a.b.example.com"));
-        assert!(!name_matches("*.example.com", ".example.com"));
-        assert!(!name_matches("api.example.com", "api.example.org"));
-    }
 
     #[test]
     fn dates_are_utc_calendar_dates() {
