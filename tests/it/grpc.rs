@@ -22,8 +22,21 @@ struct GrpcServer {
 
 impl GrpcServer {
     fn start() -> GrpcServer {
+        GrpcServer::start_with(&[])
+    }
+
+    /// Serving TLS with the certificate and key in `dir` (`server.crt`, `server.key`).
+    fn start_tls(dir: &Path) -> GrpcServer {
+        GrpcServer::start_with(&[
+            dir.join("server.crt").display().to_string(),
+            dir.join("server.key").display().to_string(),
+        ])
+    }
+
+    fn start_with(tls: &[String]) -> GrpcServer {
         let mut child = Command::new("python3")
             .args([PEER, "server"])
+            .args(tls)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -149,9 +162,13 @@ fn json_string(s: &str) -> (String, usize) {
 }
 
 fn route(upstream_port: u16) -> String {
+    route_to(&format!("h2c://127.0.0.1:{upstream_port}"))
+}
+
+fn route_to(upstream: &str) -> String {
     format!(
         "routes:\n  - name: grpc-orders\n    match: {{ path_prefix: \"/orders.v1.Orders/\" }}\n    \
-         upstream: \"h2c://127.0.0.1:{upstream_port}\"\n    \
+         upstream: \"{upstream}\"\n    \
          limits: [{{ name: per_client, capacity: 2, refill: \"1/h\", key: \"header:x-api-key\" }}]\n"
     )
 }
@@ -271,4 +288,25 @@ fn a_path_keyed_limit_is_a_bucket_per_grpc_method() {
         ["OK", "OK", "RESOURCE_EXHAUSTED", "OK", "OK", "OK"],
         "per method, not per client"
     );
+}
+
+/// An `https://` upstream that speaks HTTP/2 (a gRPC server over TLS, verified with a private CA):
+/// ALPN settles on h2, and calls of every kind pass and are limited as over h2c.
+#[test]
+fn grpc_calls_reach_a_tls_upstream_over_http2() {
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    let server = GrpcServer::start_tls(dir.path());
+    let routes = route_to(&format!("https://localhost:{}", server.port)).replace(
+        "    limits:",
+        &format!(
+            "    upstream_tls: {{ ca_file: \"{}\" }}\n    limits:",
+            dir.path().join("ca.crt").display()
+        ),
+    );
+    let yaml = format!(
+        "listen:\n  - {{ address: \"{{listen}}\", h2c: true }}\nadmin: \"{{admin}}\"\n{routes}"
+    );
+    let proxy = Proxy::start(&yaml);
+    three_of_each_kind(&proxy.addr.to_string(), None);
 }

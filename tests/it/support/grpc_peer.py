@@ -1,8 +1,9 @@
 """A real gRPC server and client (Python grpcio) for the proxy's tests. No .proto: the methods
 take and return raw bytes, which is all gRPC needs on the wire.
 
-    grpc_peer.py server              prints the port it serves on (cleartext HTTP/2), then serves
-                                     until its stdin closes (the test that started it ends)
+    grpc_peer.py server [CERT KEY]   prints the port it serves on (cleartext HTTP/2, or TLS with
+                                     CERT and KEY), then serves until its stdin closes (the test
+                                     that started it ends)
     grpc_peer.py client TARGET [--ca FILE] CALL...
                                      CALL is METHOD:KEY (KEY sent as x-api-key metadata); prints
                                      one JSON line per call: method, key, code, details, metadata
@@ -20,7 +21,7 @@ import grpc
 SERVICE = "orders.v1.Orders"
 
 
-def serve():
+def serve(tls):
     def get(request, context):
         return b"order:" + request
 
@@ -46,7 +47,12 @@ def serve():
     )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
+    if tls:
+        cert, key = (open(f, "rb").read() for f in tls)
+        creds = grpc.ssl_server_credentials([(key, cert)])
+        port = server.add_secure_port("127.0.0.1:0", creds)
+    else:
+        port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     print(port, flush=True)
     # Ends with the test: its end closes our stdin.
@@ -117,6 +123,6 @@ def client(args):
 
 if __name__ == "__main__":
     if sys.argv[1] == "server":
-        serve()
+        serve(sys.argv[2:4])
     else:
         client(sys.argv[2:])
