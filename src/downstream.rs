@@ -73,6 +73,13 @@ impl<A> Connections<A> {
         }
     }
 
+    /// How many client connections are open now.
+    pub fn open_count(&self) -> crate::drain::OpenCount {
+        let open = self.open.clone();
+        let max = self.limits.max_connections;
+        Arc::new(move || max.saturating_sub(open.available_permits()))
+    }
+
     /// Cleartext HTTP/2 with prior knowledge is accepted on these listeners too.
     pub fn with_h2c(mut self, listeners: Vec<SocketAddr>) -> Connections<A> {
         self.h2c = listeners;

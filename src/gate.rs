@@ -261,7 +261,7 @@ mod tests {
         let config = Config::parse("t.yaml", &yaml).unwrap();
         Plan::compile(
             &config,
-            &Metrics::new(&prometheus::Registry::new()).unwrap(),
+            &Metrics::new(&prometheus::Registry::new(), true).unwrap(),
         )
         .unwrap()
     }

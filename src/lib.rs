@@ -32,6 +32,7 @@ pub mod clock;
 pub mod config;
 pub mod deny_cache;
 pub mod downstream;
+pub mod drain;
 pub mod draw;
 pub mod explain;
 pub mod gate;

@@ -131,8 +131,10 @@ impl RouteCounters {
 }
 
 impl Metrics {
-    /// Registers the metrics in `registry` (the binary passes the default one).
-    pub fn new(registry: &Registry) -> prometheus::Result<Metrics> {
+    /// Registers the metrics in `registry` (the binary passes the default one); the Redis ones
+    /// (`ratelimit_redis_*`, the deny cache's) only `with_redis`: an in-memory proxy exporting
+    /// `ratelimit_redis_up 1` would tell a dashboard about a Redis that is not there.
+    pub fn new(registry: &Registry, with_redis: bool) -> prometheus::Result<Metrics> {
         let decisions = IntCounterVec::new(
             Opts::new(
                 "ratelimit_decisions_total",
@@ -233,17 +235,19 @@ impl Metrics {
             .map(|r| refused.with_label_values(&[r.as_str()]))
             .collect();
         registry.register(Box::new(responses.clone()))?;
-        registry.register(Box::new(redis_up.clone()))?;
-        registry.register(Box::new(breaker_transitions.clone()))?;
-        registry.register(Box::new(deny_cache_hits.clone()))?;
+        if with_redis {
+            registry.register(Box::new(redis_up.clone()))?;
+            registry.register(Box::new(breaker_transitions.clone()))?;
+            registry.register(Box::new(deny_cache_hits.clone()))?;
+            registry.register(Box::new(redis_duration.clone()))?;
+            registry.register(Box::new(redis_batch.clone()))?;
+            registry.register(Box::new(redis_errors.clone()))?;
+        }
         redis_up.set(1);
         for state in BreakerState::words() {
             breaker_transitions.with_label_values(&[state]);
         }
         registry.register(Box::new(decisions.clone()))?;
-        registry.register(Box::new(redis_duration.clone()))?;
-        registry.register(Box::new(redis_batch.clone()))?;
-        registry.register(Box::new(redis_errors.clone()))?;
         registry.register(Box::new(reloads.clone()))?;
         registry.register(Box::new(last_reload_success.clone()))?;
         registry.register(Box::new(config_info.clone()))?;
@@ -346,7 +350,7 @@ mod tests {
     #[test]
     fn counts_by_route_and_outcome() {
         let registry = Registry::new();
-        let m = Metrics::new(&registry).unwrap();
+        let m = Metrics::new(&registry, true).unwrap();
         let api = m.route("api");
         api.count(Outcome::Rejected);
         api.count(Outcome::Rejected);
@@ -398,7 +402,7 @@ mod tests {
     #[test]
     fn label_lists_are_the_enums_word_lists() {
         let registry = Registry::new();
-        let m = Metrics::new(&registry).unwrap();
+        let m = Metrics::new(&registry, true).unwrap();
         m.route("api");
         let text = render(&registry);
         for (family, label, words) in [

@@ -8,6 +8,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{ClockSource, Config, RedisTarget, StateFormat};
 use crate::deny_cache::DenyCache;
 use crate::downstream::Connections;
+use crate::drain::Drain;
 use crate::gate::Gate;
 use crate::health::HealthChecker;
 use crate::limiter::memory::MemoryLimiter;
@@ -23,7 +24,7 @@ use crate::tls::Resolvers;
 use arc_swap::ArcSwap;
 use pingora::listeners::tls::TlsSettings;
 use pingora::server::configuration::{Opt, ServerConf};
-use pingora::server::Server;
+use pingora::server::{RunArgs, Server};
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 use std::path::{Path, PathBuf};
@@ -81,7 +82,7 @@ pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), Start
         }
     };
     let registry = prometheus::default_registry().clone();
-    let metrics = Metrics::new(&registry)?;
+    let metrics = Metrics::new(&registry, config.redis.is_some())?;
     let plan: LivePlan = Arc::new(ArcSwap::from_pointee(Plan::compile(&config, &metrics)?));
     let resolvers = Resolvers::new(&config.listen);
     registry.register(Box::new(resolvers.clone()))?;
@@ -236,17 +237,16 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
     let mut options = pingora::apps::HttpServerOptions::default();
     options.h2_idle_timeout = Some(config.downstream.idle_timeout);
     proxy.server_options = Some(options);
-    let mut proxy = Service::new(
-        "ratelimit-proxy".to_string(),
-        Connections::new(proxy, config.downstream, parts.metrics).with_h2c(
-            config
-                .listen
-                .iter()
-                .filter(|l| l.h2c)
-                .map(|l| l.addr)
-                .collect(),
-        ),
+    let connections = Connections::new(proxy, config.downstream, parts.metrics).with_h2c(
+        config
+            .listen
+            .iter()
+            .filter(|l| l.h2c)
+            .map(|l| l.addr)
+            .collect(),
     );
+    let drain = Drain::new(connections.open_count());
+    let mut proxy = Service::new("ratelimit-proxy".to_string(), connections);
     for listener in &config.listen {
         let addr = listener.addr.to_string();
         match &listener.tls {
@@ -308,5 +308,8 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
     server.add_service(PreBound::new(admin, parts.sockets.admin));
     server.add_service(watcher);
     server.add_service(health);
-    server.run_forever()
+    server.run(RunArgs {
+        shutdown_signal: Box::new(drain),
+    });
+    std::process::exit(0)
 }

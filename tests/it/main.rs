@@ -5,6 +5,7 @@ mod cli;
 mod compose;
 mod config_errors;
 mod connections;
+mod first_run;
 mod grpc;
 mod http2;
 mod lua_script;

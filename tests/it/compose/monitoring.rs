@@ -19,7 +19,8 @@ const GRAFANA_DIR: &str = "config/grafana";
 /// proxy's own `Metrics`, so this list cannot fall behind it.
 fn exported() -> (Vec<String>, Vec<String>) {
     let registry = prometheus::Registry::new();
-    let metrics = ratelimit_proxy::metrics::Metrics::new(&registry).expect("metrics register");
+    let metrics =
+        ratelimit_proxy::metrics::Metrics::new(&registry, true).expect("metrics register");
     // Per-route families appear once a route has its counters, the config's once one runs.
     metrics.route("r");
     metrics.config_running("0");

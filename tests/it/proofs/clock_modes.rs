@@ -75,7 +75,7 @@ impl Clock for Jumping {
 
 /// A proxy's limiter: `clock: proxy` with `clock`, `clock: redis` with `None`.
 fn proxy(redis: &RedisServer, clock: Option<Box<dyn Clock>>) -> RedisLimiter {
-    let metrics = Metrics::new(&prometheus::Registry::new()).unwrap();
+    let metrics = Metrics::new(&prometheus::Registry::new(), true).unwrap();
     let timeout = Duration::from_secs(10);
     let topology = Standalone::new(&redis.url(), &Security::default(), timeout).unwrap();
     let options = RedisOptions {
