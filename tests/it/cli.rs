@@ -16,10 +16,10 @@ fn check_accepts_a_valid_config() {
     // The compiled route table follows, in the order routes are tried.
     assert_eq!(lines[1], "routes, tried in this order (first match wins):");
     assert!(
-        lines[2].starts_with("  1. api: GET,POST any host /api/* -> 127.0.0.1:8000"),
+        lines[2].starts_with("  1. api: any method any host /api/* -> 127.0.0.1:8000"),
         "{stdout}"
     );
-    assert!(stdout.contains("limit per_key: 100 tokens, refill 100/h, cost 1, per header:x-api-key (key missing: shared bucket)"), "{stdout}");
+    assert!(stdout.contains("limit per_key: 100 tokens, refill 100/h, cost 1, per header:x-api-key (key missing: limit skipped)"), "{stdout}");
     assert!(
         stdout.contains("  2. everything-else: any method any host /* -> 127.0.0.1:8000"),
         "{stdout}"

@@ -63,3 +63,40 @@ fn sigterm_with_nothing_in_flight_does_not_wait_the_grace_period() {
     );
     assert!(proxy.stderr().contains("no client connection left"));
 }
+
+/// The quick start's config limits what a new user sends: every method on `/api/`, curl -I and PUT
+/// too (that keyless requests are not pooled in one bucket, `--check` shows: `cli`).
+#[test]
+fn the_quick_start_config_limits_every_method() {
+    let upstream = Upstream::start();
+    let yaml = std::fs::read_to_string("config/routes.yaml")
+        .unwrap()
+        .replace("127.0.0.1:8080", "{listen}")
+        .replace("127.0.0.1:9090", "{admin}")
+        .replace("127.0.0.1:8000", &upstream.addr.to_string());
+    let proxy = Proxy::start(&yaml);
+    let methods = ["HEAD", "PUT", "GET", "POST", "DELETE", "HEAD"];
+    let statuses: Vec<u16> = methods
+        .iter()
+        .map(|m| crate::support::http::request(proxy.addr, m, "/api/hello", &[]).status)
+        .collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429], "{methods:?}");
+    assert_eq!(proxy.decisions("api", "rejected"), 1);
+}
+
+/// The Redis example limits `curl localhost:8080/api/hello` (no Host rule hiding the route) and
+/// listens on this host only.
+#[test]
+fn the_redis_example_limits_what_the_readme_sends() {
+    let out = std::process::Command::new(crate::support::proxy::BIN)
+        .args(["--config", "config/routes-redis.yaml", "--check"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("api: any method any host /api/* -> 127.0.0.1:8000"),
+        "{text}"
+    );
+    let yaml = std::fs::read_to_string("config/routes-redis.yaml").unwrap();
+    assert!(yaml.contains("listen: [\"127.0.0.1:8080\"]"));
+}
