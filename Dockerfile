@@ -17,8 +17,12 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && mkdir /out \
  && cp target/release/ratelimit-proxy target/release/examples/demo_upstream /out/
 
-# The binaries link only glibc and libgcc, both in the slim image.
+# The binaries link only glibc and libgcc, both in the slim image; ca-certificates is the system
+# trust store that rediss:// and https:// upstreams verify against by default.
 FROM debian:bookworm-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
 RUN groupadd --system --gid 10001 ratelimit \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin ratelimit
 COPY --from=build /out/ratelimit-proxy /out/demo_upstream /usr/local/bin/

@@ -185,3 +185,49 @@ fn the_proxy_accepts_the_config_compose_gives_it() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The image is built once: one service builds and tags it, and every other service that runs it
+/// names the tag and never pulls it (there is nothing to pull).
+#[test]
+fn the_image_is_built_once_and_never_pulled() {
+    let services = services();
+    let built: Vec<(&String, &str)> = services
+        .iter()
+        .filter(|(_, s)| !s["build"].is_null())
+        .map(|(name, s)| (name, s["image"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(
+        built.len(),
+        1,
+        "{COMPOSE}: more than one service builds: {built:?}"
+    );
+    let (builder, tag) = built[0];
+    assert!(
+        !tag.is_empty(),
+        "{COMPOSE}: {builder} builds an image without naming it"
+    );
+    for (name, s) in &services {
+        if s["image"].as_str() == Some(tag) && name != builder {
+            assert_eq!(
+                s["pull_policy"].as_str(),
+                Some("never"),
+                "{COMPOSE}: {name} runs {tag}, which {builder} builds: it must not be pulled"
+            );
+        }
+    }
+}
+
+/// The runtime image has the system trust store, which `rediss://` and `https://` upstreams verify
+/// against by default.
+#[test]
+fn the_runtime_image_has_ca_certificates() {
+    let dockerfile = read(Path::new("Dockerfile"));
+    let runtime = dockerfile
+        .rsplit_once("\nFROM ")
+        .map(|(_, last)| last)
+        .unwrap_or_default();
+    assert!(
+        runtime.contains("ca-certificates"),
+        "the last stage:\n{runtime}"
+    );
+}
