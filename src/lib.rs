@@ -47,6 +47,7 @@ pub mod logging;
 pub mod metrics;
 pub mod peer;
 pub mod plan;
+pub mod preflight;
 pub mod proxy;
 pub mod reload;
 pub mod route;

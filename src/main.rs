@@ -24,6 +24,10 @@ struct Cli {
     /// problem on stderr.
     #[arg(long)]
     check: bool,
+    /// With --check: also connect to the configured Redis and check what would fail at run time
+    /// (reachable, authenticated, the ACL, the script, the clock); exit 2 if anything does.
+    #[arg(long, requires = "check")]
+    redis: bool,
     /// Take the listening sockets over from the running instance, which gets SIGQUIT next
     /// (zero-downtime upgrade; see the README).
     #[arg(long)]
@@ -35,6 +39,40 @@ struct Cli {
         default_value = "/tmp/ratelimit-proxy-upgrade.sock"
     )]
     upgrade_sock: PathBuf,
+}
+
+/// `--check --redis`: one line per check against the configured Redis; 2 if any failed.
+fn check_redis(config: &Config) -> ExitCode {
+    let Some(redis) = &config.redis else {
+        eprintln!("--redis: the config has no redis: section (its buckets are in memory)");
+        return ExitCode::from(2);
+    };
+    let topology = match ratelimit_proxy::server::redis_topology(redis) {
+        Ok(topology) => topology,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("redis: cannot start a runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let lines = runtime.block_on(ratelimit_proxy::preflight::check(redis, &*topology));
+    for line in &lines {
+        println!("{line}");
+    }
+    if lines.iter().all(|l| l.result.is_ok()) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    }
 }
 
 fn main() -> ExitCode {
@@ -61,6 +99,9 @@ fn main() -> ExitCode {
             config.routes.len()
         );
         print!("{}", ratelimit_proxy::explain::route_table(&config));
+        if cli.redis {
+            return check_redis(&config);
+        }
         return ExitCode::SUCCESS;
     }
     let options = RunOptions {

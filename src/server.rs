@@ -5,7 +5,7 @@
 use crate::admin::Admin;
 use crate::bind::{bind, BindError, Bound, PreBound};
 use crate::clock::{Clock, SystemClock};
-use crate::config::{ClockSource, Config, RedisTarget, StateFormat};
+use crate::config::{ClockSource, Config, RedisSettings, RedisTarget, StateFormat};
 use crate::deny_cache::DenyCache;
 use crate::downstream::Connections;
 use crate::drain::Drain;
@@ -107,32 +107,7 @@ pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), Start
                 ClockSource::Redis => None,
                 ClockSource::Proxy => Some(Box::new(SystemClock)),
             };
-            let security = Security {
-                password: match &redis.password_env {
-                    Some(name) => {
-                        Some(std::env::var(name).map_err(|_| StartError::Password(name.clone()))?)
-                    }
-                    None => None,
-                },
-                ca_pem: match &redis.tls_ca_file {
-                    Some(path) => Some(
-                        std::fs::read(path)
-                            .map_err(|e| StartError::CaFile(format!("{}: {e}", path.display())))?,
-                    ),
-                    None => None,
-                },
-            };
-            let topology: Box<dyn Topology> = match &redis.target {
-                RedisTarget::Standalone(url) => {
-                    Box::new(Standalone::new(url, &security, redis.timeout)?)
-                }
-                RedisTarget::Cluster(nodes) => {
-                    Box::new(Cluster::new(nodes, &security, redis.timeout)?)
-                }
-                RedisTarget::Sentinel { master, nodes } => {
-                    Box::new(Sentinel::new(master, nodes, security, redis.timeout)?)
-                }
-            };
+            let topology = redis_topology(redis)?;
             let options = RedisOptions {
                 timeout: redis.timeout,
                 clock,
@@ -154,6 +129,33 @@ pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), Start
             serve(&config, parts, Arc::new(limiter))
         }
     }
+}
+
+/// The configured Redis (one server, a Cluster, or a Sentinel-watched primary), with the password
+/// and CA the config points at; nothing is connected yet.
+pub fn redis_topology(redis: &RedisSettings) -> Result<Box<dyn Topology>, StartError> {
+    let security = Security {
+        password: match &redis.password_env {
+            Some(name) => {
+                Some(std::env::var(name).map_err(|_| StartError::Password(name.clone()))?)
+            }
+            None => None,
+        },
+        ca_pem: match &redis.tls_ca_file {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .map_err(|e| StartError::CaFile(format!("{}: {e}", path.display())))?,
+            ),
+            None => None,
+        },
+    };
+    Ok(match &redis.target {
+        RedisTarget::Standalone(url) => Box::new(Standalone::new(url, &security, redis.timeout)?),
+        RedisTarget::Cluster(nodes) => Box::new(Cluster::new(nodes, &security, redis.timeout)?),
+        RedisTarget::Sentinel { master, nodes } => {
+            Box::new(Sentinel::new(master, nodes, security, redis.timeout)?)
+        }
+    })
 }
 
 struct Parts {

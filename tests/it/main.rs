@@ -12,6 +12,7 @@ mod lua_script;
 mod normalise;
 mod operations;
 mod policies;
+mod preflight;
 mod proofs;
 mod redis_faults;
 mod redis_security;

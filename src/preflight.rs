@@ -1,0 +1,229 @@
+//! `--check --redis`: what would fail at run time against the configured Redis, found before a
+//! deploy rather than by the first request: the server reachable, the password accepted, the ACL
+//! allowing every command the proxy and its script run, the script loading, and the clock mode
+//! working. One line per check; the first that fails skips the ones that need it.
+//!
+//! The script runs for real, on a bucket of its own under the key prefix (`rl:{--check}:bucket`,
+//! which any ACL key pattern for the prefix covers): written in the configured format, read back
+//! in the other (a fleet upgrading its format runs both), and again with Redis `TIME` when the
+//! clock is Redis's. It refills in a microsecond and expires a second later.
+
+use crate::config::{ClockSource, RedisSettings, StateFormat};
+use crate::limiter::redis::{Topology, TOKEN_BUCKET_LUA};
+use redis::{Cmd, ErrorKind, RedisError, Value};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The longest one check waits: at least this, or the decision budget if that is longer.
+const AT_LEAST: Duration = Duration::from_secs(2);
+
+/// One check's outcome, as printed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Line {
+    pub what: String,
+    pub result: Result<(), String>,
+}
+
+impl std::fmt::Display for Line {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.result {
+            Ok(()) => write!(f, "redis {}: ok", self.what),
+            Err(why) => write!(f, "redis {}: FAILED: {why}", self.what),
+        }
+    }
+}
+
+/// Runs every check against `topology` (built from `redis`); the lines in order.
+pub async fn check(redis: &RedisSettings, topology: &dyn Topology) -> Vec<Line> {
+    let wait = redis.timeout.max(AT_LEAST);
+    let query = |cmd: Cmd| async move {
+        match tokio::time::timeout(wait, topology.query(&cmd)).await {
+            Ok(reply) => reply,
+            Err(_) => Err(RedisError::from((
+                ErrorKind::Io,
+                "no answer",
+                format!("within {} ms", wait.as_millis()),
+            ))),
+        }
+    };
+    let mut lines = Vec::new();
+    let mut line = |what: &str, result: Result<(), String>| {
+        let ok = result.is_ok();
+        lines.push(Line {
+            what: what.to_string(),
+            result,
+        });
+        ok
+    };
+
+    // Reaching it and being let in show in the same first command.
+    let reachable = format!("reachable ({})", target(redis));
+    match query(redis::cmd("PING")).await {
+        Ok(_) => {
+            line(&reachable, Ok(()));
+            line("authenticated", Ok(()));
+        }
+        Err(e) if is_auth(&e) => {
+            line(&reachable, Ok(()));
+            line("authenticated", Err(e.to_string()));
+            return lines;
+        }
+        Err(e) => {
+            line(&reachable, Err(e.to_string()));
+            return lines;
+        }
+    }
+
+    let mut load = redis::cmd("SCRIPT");
+    load.arg("LOAD").arg(TOKEN_BUCKET_LUA);
+    let sha = match query(load).await {
+        Ok(Value::BulkString(sha)) => String::from_utf8_lossy(&sha).into_owned(),
+        Ok(Value::SimpleString(sha)) => sha,
+        Ok(other) => {
+            line(
+                "SCRIPT LOAD",
+                Err(format!("an unexpected reply: {other:?}")),
+            );
+            return lines;
+        }
+        Err(e) => {
+            line("SCRIPT LOAD", Err(e.to_string()));
+            return lines;
+        }
+    };
+    line("SCRIPT LOAD", Ok(()));
+
+    let key = format!("{}:{{--check}}:bucket", redis.key_prefix);
+    let (format, other) = match redis.state_format {
+        StateFormat::Hash => ("hash", "packed"),
+        StateFormat::Packed => ("packed", "hash"),
+    };
+    let now = now_us().to_string();
+    let decide = |format: &str, now: &str| {
+        let mut cmd = redis::cmd("EVALSHA");
+        // One request drawing one token from a bucket of 1, refilled one token per microsecond.
+        cmd.arg(&sha)
+            .arg(1)
+            .arg(&key)
+            .arg(now)
+            .arg(format)
+            .arg(1)
+            .arg(&[1, 1, 1, 1])
+            .arg(1)
+            .arg(1);
+        cmd
+    };
+    let written = query(decide(format, &now)).await.and_then(admitted);
+    if !line(
+        &format!("EVALSHA, a bucket written as {format}"),
+        written.map_err(|e| e.to_string()),
+    ) {
+        return lines;
+    }
+    let later = (now_us() + 10).to_string();
+    let read = query(decide(other, &later)).await.and_then(admitted);
+    line(
+        &format!("EVALSHA, that bucket read as {other} writers read it"),
+        read.map_err(|e| e.to_string()),
+    );
+    if redis.clock == ClockSource::Redis {
+        let timed = query(decide(format, "")).await.and_then(admitted);
+        line(
+            "clock: redis (TIME in the script)",
+            timed.map_err(|e| e.to_string()),
+        );
+    }
+    lines
+}
+
+/// The script's reply to one request: admitted, with a full bucket each time.
+fn admitted(reply: Value) -> Result<(), RedisError> {
+    let values: Vec<i64> = redis::from_redis_value(reply)?;
+    match values.first() {
+        Some(1) => Ok(()),
+        _ => Err(RedisError::from((
+            ErrorKind::Client,
+            "the script refused a full bucket",
+            format!("{values:?}"),
+        ))),
+    }
+}
+
+/// A password Redis refused, or one it wanted and did not get.
+fn is_auth(e: &RedisError) -> bool {
+    let text = e.to_string();
+    e.kind() == ErrorKind::AuthenticationFailed
+        || text.contains("WRONGPASS")
+        || text.contains("NOAUTH")
+        || text.contains("invalid password")
+}
+
+/// Where the config points, for the first line.
+fn target(redis: &RedisSettings) -> String {
+    match &redis.target {
+        crate::config::RedisTarget::Standalone(url) => without_password(url),
+        crate::config::RedisTarget::Cluster(nodes) => format!(
+            "cluster {}",
+            nodes
+                .iter()
+                .map(|n| without_password(n))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        crate::config::RedisTarget::Sentinel { master, .. } => format!("sentinel master {master}"),
+    }
+}
+
+/// A URL as it may be printed: `redis://user:secret@host` becomes `redis://user:***@host`.
+fn without_password(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_not_printed() {
+        assert_eq!(
+            without_password("redis://limiter:s3cret@10.0.0.1:6379/0"),
+            "redis://limiter:***@10.0.0.1:6379/0"
+        );
+        assert_eq!(
+            without_password("redis://10.0.0.1:6379"),
+            "redis://10.0.0.1:6379"
+        );
+        assert_eq!(
+            without_password("unix:///run/redis.sock"),
+            "unix:///run/redis.sock"
+        );
+    }
+
+    #[test]
+    fn lines_say_ok_or_why() {
+        let ok = Line {
+            what: "SCRIPT LOAD".into(),
+            result: Ok(()),
+        };
+        assert_eq!(ok.to_string(), "redis SCRIPT LOAD: ok");
+        let failed = Line {
+            what: "authenticated".into(),
+            result: Err("WRONGPASS".into()),
+        };
+        assert_eq!(failed.to_string(), "redis authenticated: FAILED: WRONGPASS");
+    }
+}

@@ -1,0 +1,124 @@
+//! `--check --redis` against real redis-server processes: every check passes against a good one,
+//! and the failing check is named, with exit 2, for a wrong password, an ACL user without EVALSHA,
+//! and one without TIME when the clock is Redis's.
+
+use crate::support::proxy::BIN;
+use crate::support::redis::RedisServer;
+use std::process::Command;
+
+/// `--check --redis` on a config for `url` (password from RL_TEST_PREFLIGHT_PASSWORD when given):
+/// exit code and stdout.
+fn preflight(url: &str, password: Option<&str>, clock: &str) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("routes.yaml");
+    let password_env = if password.is_some() {
+        "\n  password_env: RL_TEST_PREFLIGHT_PASSWORD"
+    } else {
+        ""
+    };
+    std::fs::write(
+        &path,
+        format!(
+            "listen: \"127.0.0.1:1\"\nredis:\n  url: \"{url}\"{password_env}\n  clock: {clock}\n  \
+             state_format: packed\nroutes:\n  - {{ name: a, upstream: \"127.0.0.1:2\" }}\n"
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--config").arg(&path).args(["--check", "--redis"]);
+    if let Some(p) = password {
+        cmd.env("RL_TEST_PREFLIGHT_PASSWORD", p);
+    }
+    let out = cmd.output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// The lines about Redis, in order.
+fn redis_lines(text: &str) -> Vec<&str> {
+    text.lines().filter(|l| l.starts_with("redis ")).collect()
+}
+
+/// An ACL user with every command the proxy needs but `missing`.
+fn user_without(redis: &RedisServer, name: &str, missing: &str) {
+    let mut args = vec!["ACL", "SETUSER", name, "on", ">user-secret", "~rl:*"];
+    let commands = [
+        "+evalsha",
+        "+script|load",
+        "+ping",
+        "+hmget",
+        "+hset",
+        "+pexpire",
+        "+mget",
+        "+get",
+        "+set",
+        "+type",
+        "+time",
+        "+exists",
+        "+del",
+    ];
+    args.extend(commands.iter().filter(|c| **c != missing));
+    let _: String = redis.cmd(&args);
+}
+
+#[test]
+fn every_check_passes_against_a_good_redis() {
+    let redis = RedisServer::start();
+    let (code, text) = preflight(&redis.url(), None, "redis");
+    assert_eq!(code, 0, "{text}");
+    let lines = redis_lines(&text);
+    assert_eq!(lines.len(), 6, "{text}");
+    assert!(lines.iter().all(|l| l.ends_with(": ok")), "{text}");
+    assert!(lines[3].contains("written as packed"), "{text}");
+    assert!(lines[5].contains("TIME"), "{text}");
+}
+
+#[test]
+fn a_wrong_password_fails_the_authenticated_check() {
+    let redis = RedisServer::start_with(&["--requirepass", "right"]);
+    let (code, text) = preflight(&redis.url(), Some("wrong"), "redis");
+    assert_eq!(code, 2, "{text}");
+    let lines = redis_lines(&text);
+    assert!(lines[0].ends_with(": ok"), "{text}");
+    assert!(
+        lines[1].starts_with("redis authenticated: FAILED"),
+        "{text}"
+    );
+    assert_eq!(lines.len(), 2, "nothing after a failed login: {text}");
+}
+
+#[test]
+fn an_acl_user_without_evalsha_fails_that_check() {
+    let redis = RedisServer::start_with(&["--requirepass", "admin-secret"]);
+    user_without(&redis, "limiter", "+evalsha");
+    let url = format!("{}?user=limiter", redis.url());
+    let (code, text) = preflight(&url, Some("user-secret"), "proxy");
+    assert_eq!(code, 2, "{text}");
+    let failed: Vec<&str> = redis_lines(&text)
+        .into_iter()
+        .filter(|l| l.contains("FAILED"))
+        .collect();
+    assert_eq!(failed.len(), 1, "{text}");
+    assert!(failed[0].starts_with("redis EVALSHA"), "{text}");
+    assert!(failed[0].to_lowercase().contains("evalsha"), "{text}");
+}
+
+#[test]
+fn an_acl_user_without_time_fails_the_redis_clock_check() {
+    let redis = RedisServer::start_with(&["--requirepass", "admin-secret"]);
+    user_without(&redis, "limiter", "+time");
+    let url = format!("{}?user=limiter", redis.url());
+    let (code, text) = preflight(&url, Some("user-secret"), "redis");
+    assert_eq!(code, 2, "{text}");
+    let lines = redis_lines(&text);
+    assert!(
+        lines
+            .last()
+            .unwrap()
+            .starts_with("redis clock: redis (TIME in the script): FAILED"),
+        "{text}"
+    );
+    // With the proxy's clock, TIME is never needed.
+    assert_eq!(preflight(&url, Some("user-secret"), "proxy").0, 0);
+}
