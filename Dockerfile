@@ -10,12 +10,14 @@ WORKDIR /src
 # examples/), and cargo will not start when one of their files is missing.
 COPY . .
 # The registry and target/ are cache mounts, so a rebuild compiles only what changed. They are not
-# part of the image: the binaries are copied out in the same step.
+# part of the image: the binaries are copied out in the same step, without their debug info (the
+# release profile keeps it for callgrind: 71 MB against 13 MB; symbols stay, for backtraces).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin ratelimit-proxy --example demo_upstream \
  && mkdir /out \
- && cp target/release/ratelimit-proxy target/release/examples/demo_upstream /out/
+ && strip --strip-debug -o /out/ratelimit-proxy target/release/ratelimit-proxy \
+ && strip --strip-debug -o /out/demo_upstream target/release/examples/demo_upstream
 
 # The binaries link only glibc and libgcc, both in the slim image; ca-certificates is the system
 # trust store that rediss:// and https:// upstreams verify against by default.

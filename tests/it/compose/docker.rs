@@ -231,3 +231,17 @@ fn the_runtime_image_has_ca_certificates() {
         "the last stage:\n{runtime}"
     );
 }
+
+/// The image ships the binaries without their debug info (the release profile keeps it for the
+/// benchmarks' callgrind view): every binary the runtime stage copies was stripped into /out.
+#[test]
+fn the_image_ships_stripped_binaries() {
+    let dockerfile = read(Path::new("Dockerfile"));
+    for binary in ["ratelimit-proxy", "demo_upstream"] {
+        assert!(
+            dockerfile.contains(&format!("strip --strip-debug -o /out/{binary} ")),
+            "Dockerfile: {binary} is not stripped into /out"
+        );
+    }
+    assert!(dockerfile.contains("COPY --from=build /out/ratelimit-proxy /out/demo_upstream"));
+}
