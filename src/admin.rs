@@ -1,9 +1,9 @@
-//! The admin listener: `/metrics`, `/healthz`, `/readyz`. A separate address, so the proxy
-//! listener never exposes them to clients.
+//! The admin listener: `/metrics`, `/healthz`, `/readyz`, and the admin API (`/v1/…`, answered
+//! by `console`). A separate address, so the proxy listener never exposes them to clients.
 
 use crate::limiter::Limiter;
 use crate::metrics;
-use crate::reload::LivePlan;
+use crate::reload::{LivePlan, Reloader};
 use async_trait::async_trait;
 use http::{header, Response, StatusCode};
 use pingora::apps::http_app::ServeHttp;
@@ -16,14 +16,22 @@ pub struct Admin<L> {
     limiter: Arc<L>,
     /// Read per `/readyz`: whether a route fails closed can change with a reload.
     plan: LivePlan,
+    /// The running config and its last reload, for `/v1/routes`.
+    reloader: Arc<Reloader>,
 }
 
 impl<L> Admin<L> {
-    pub fn new(registry: Registry, limiter: Arc<L>, plan: LivePlan) -> Self {
+    pub fn new(
+        registry: Registry,
+        limiter: Arc<L>,
+        plan: LivePlan,
+        reloader: Arc<Reloader>,
+    ) -> Self {
         Admin {
             registry,
             limiter,
             plan,
+            reloader,
         }
     }
 }
@@ -51,6 +59,11 @@ impl<L: Limiter> ServeHttp for Admin<L> {
                 metrics::render(&self.registry),
             ),
             "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+            "/v1/routes" => {
+                let (config, hash, last) = self.reloader.snapshot();
+                let body = crate::console::routes(&config, &hash, &last);
+                (StatusCode::OK, "application/json", format!("{body:#}\n"))
+            }
             "/readyz" => match self.readiness().await {
                 Ok(()) => (StatusCode::OK, "text/plain", "ready\n".to_string()),
                 Err(e) => (
@@ -62,7 +75,7 @@ impl<L: Limiter> ServeHttp for Admin<L> {
             _ => (
                 StatusCode::NOT_FOUND,
                 "text/plain",
-                "not found: try /metrics, /healthz or /readyz\n".to_string(),
+                "not found: try /metrics, /healthz, /readyz or /v1/routes\n".to_string(),
             ),
         };
         Response::builder()

@@ -30,6 +30,7 @@ pub mod client;
 pub mod client_conn;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod deny_cache;
 pub mod downstream;
 pub mod drain;

@@ -51,6 +51,19 @@ pub struct Reloader {
     resolvers: Resolvers,
     /// The config the live plan was compiled from, and the hash of its file.
     running: Mutex<(Config, String)>,
+    /// What the last load of the file did.
+    last: Mutex<LastReload>,
+}
+
+/// The last load of the config file: the start, or a reload applied or refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastReload {
+    /// Unix seconds.
+    pub at: i64,
+    /// "start", "success" or "failure".
+    pub result: &'static str,
+    /// Why a refused reload was refused.
+    pub error: Option<String>,
 }
 
 impl Reloader {
@@ -69,7 +82,19 @@ impl Reloader {
             metrics,
             resolvers,
             running: Mutex::new((config, hash)),
+            last: Mutex::new(LastReload {
+                at: crate::tls::unix_now(),
+                result: "start",
+                error: None,
+            }),
         }
+    }
+
+    /// The running config, its file's hash, and what the last load did: for the admin API.
+    pub fn snapshot(&self) -> (Config, String, LastReload) {
+        let (config, hash) = self.lock().clone();
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        (config, hash, last)
     }
 
     /// The hash of the config that is running.
@@ -115,6 +140,11 @@ impl Reloader {
     pub fn reload(&self) -> Result<Applied, ReloadError> {
         let result = self.try_reload();
         self.metrics.config_reload(result.is_ok());
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = LastReload {
+            at: crate::tls::unix_now(),
+            result: if result.is_ok() { "success" } else { "failure" },
+            error: result.as_ref().err().map(ToString::to_string),
+        };
         result
     }
 

@@ -271,7 +271,12 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
     let mut admin = Service::new(
         "admin".to_string(),
         Connections::admin(
-            Admin::new(parts.registry, limiter, parts.plan.clone()),
+            Admin::new(
+                parts.registry,
+                limiter,
+                parts.plan.clone(),
+                parts.reloader.clone(),
+            ),
             config.downstream,
         ),
     );

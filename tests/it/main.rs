@@ -5,6 +5,7 @@ mod cli;
 mod compose;
 mod config_errors;
 mod connections;
+mod console;
 mod first_run;
 mod grpc;
 mod http2;
