@@ -1,6 +1,8 @@
 //! The admin listener: `/metrics`, `/healthz`, `/readyz`, and the admin API (`/v1/…`, answered
 //! by `console`). A separate address, so the proxy listener never exposes them to clients.
 
+use crate::console;
+use crate::deny_cache::DenyCache;
 use crate::limiter::Limiter;
 use crate::metrics;
 use crate::reload::{LivePlan, Reloader};
@@ -16,27 +18,117 @@ pub struct Admin<L> {
     limiter: Arc<L>,
     /// Read per `/readyz`: whether a route fails closed can change with a reload.
     plan: LivePlan,
-    /// The running config and its last reload, for `/v1/routes`.
+    /// The running config and its last reload, for `/v1/routes` and `/v1/buckets`.
     reloader: Arc<Reloader>,
+    /// What a reset forgets on this proxy too (with Redis).
+    deny_cache: Option<Arc<DenyCache>>,
+    /// Mutating calls need it as `Authorization: Bearer …`; without one they are refused.
+    token: Option<String>,
+}
+
+/// What the admin listener is given besides the store.
+pub struct AdminParts {
+    pub registry: Registry,
+    pub plan: LivePlan,
+    pub reloader: Arc<Reloader>,
+    pub deny_cache: Option<Arc<DenyCache>>,
+    pub token: Option<String>,
 }
 
 impl<L> Admin<L> {
-    pub fn new(
-        registry: Registry,
-        limiter: Arc<L>,
-        plan: LivePlan,
-        reloader: Arc<Reloader>,
-    ) -> Self {
+    pub fn new(limiter: Arc<L>, parts: AdminParts) -> Self {
         Admin {
-            registry,
+            registry: parts.registry,
             limiter,
-            plan,
-            reloader,
+            plan: parts.plan,
+            reloader: parts.reloader,
+            deny_cache: parts.deny_cache,
+            token: parts.token,
+        }
+    }
+
+    /// Whether the request carries the admin token: 401 without it, 403 when none is set.
+    fn authorize(&self, session: &ServerSession) -> Result<(), (StatusCode, String)> {
+        let Some(token) = &self.token else {
+            return Err((
+                StatusCode::FORBIDDEN,
+                "mutating calls are off: set admin.token_env to the name of a variable holding a \
+                 token\n"
+                    .into(),
+            ));
+        };
+        let given = session
+            .req_header()
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match given {
+            Some(given) if same(given.as_bytes(), token.as_bytes()) => Ok(()),
+            _ => Err((
+                StatusCode::UNAUTHORIZED,
+                "this call needs Authorization: Bearer <the admin token>\n".into(),
+            )),
         }
     }
 }
 
+/// Equal, in a time that does not say where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
 impl<L: Limiter> Admin<L> {
+    /// `GET /v1/buckets`: each bucket as the store holds it now, read without writing.
+    async fn buckets(&self, query: &str) -> (StatusCode, String) {
+        let (config, _, _) = self.reloader.snapshot();
+        let (route, targets) = match console::targets(&config, query) {
+            Ok(found) => found,
+            Err(why) => return (StatusCode::BAD_REQUEST, format!("{why}\n")),
+        };
+        let mut limits = Vec::with_capacity(targets.len());
+        for t in &targets {
+            match self.limiter.inspect(&t.store_key).await {
+                Ok(read) => limits.push(console::bucket(t, &read)),
+                Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}\n")),
+            }
+        }
+        let body = serde_json::json!({ "route": route, "limits": limits });
+        (StatusCode::OK, format!("{body:#}\n"))
+    }
+
+    /// `DELETE /v1/buckets`: the buckets forgotten (full again), and this proxy's remembered
+    /// denials of them with them.
+    async fn reset(&self, query: &str) -> (StatusCode, String) {
+        let (config, _, _) = self.reloader.snapshot();
+        let (route, targets) = match console::targets(&config, query) {
+            Ok(found) => found,
+            Err(why) => return (StatusCode::BAD_REQUEST, format!("{why}\n")),
+        };
+        let mut reset = Vec::with_capacity(targets.len());
+        for t in &targets {
+            let existed = match self.limiter.reset(&t.store_key).await {
+                Ok(existed) => existed,
+                Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}\n")),
+            };
+            if let Some(cache) = &self.deny_cache {
+                cache.forget_key(&t.store_key);
+            }
+            log::info!(
+                "admin: reset bucket {} (route {route}, limit {})",
+                t.store_key,
+                t.limit
+            );
+            reset.push(serde_json::json!({
+                "limit": t.limit,
+                "store_key": t.store_key,
+                "existed": existed,
+            }));
+        }
+        let body = serde_json::json!({ "route": route, "reset": reset });
+        (StatusCode::OK, format!("{body:#}\n"))
+    }
+
     /// Ready when the store answers, or when no route needs it to (every limited route fails
     /// open, or there is nothing to limit): then the store is not asked at all.
     async fn readiness(&self) -> Result<(), crate::limiter::LimiterError> {
@@ -52,7 +144,27 @@ impl<L: Limiter> Admin<L> {
 impl<L: Limiter> ServeHttp for Admin<L> {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let path = session.req_header().uri.path().to_string();
+        let query = session.req_header().uri.query().unwrap_or("").to_string();
+        let method = session.req_header().method.clone();
+        let json = |(status, body): (StatusCode, String)| {
+            let kind = if status == StatusCode::OK {
+                "application/json"
+            } else {
+                "text/plain"
+            };
+            (status, kind, body)
+        };
         let (status, content_type, body) = match path.as_str() {
+            "/v1/buckets" if method == http::Method::GET => json(self.buckets(&query).await),
+            "/v1/buckets" if method == http::Method::DELETE => match self.authorize(session) {
+                Ok(()) => json(self.reset(&query).await),
+                Err((status, why)) => (status, "text/plain", why),
+            },
+            "/v1/buckets" => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain",
+                "GET or DELETE\n".to_string(),
+            ),
             "/metrics" => (
                 StatusCode::OK,
                 "text/plain; version=0.0.4",
@@ -61,7 +173,7 @@ impl<L: Limiter> ServeHttp for Admin<L> {
             "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
             "/v1/routes" => {
                 let (config, hash, last) = self.reloader.snapshot();
-                let body = crate::console::routes(&config, &hash, &last);
+                let body = console::routes(&config, &hash, &last);
                 (StatusCode::OK, "application/json", format!("{body:#}\n"))
             }
             "/readyz" => match self.readiness().await {
@@ -75,7 +187,8 @@ impl<L: Limiter> ServeHttp for Admin<L> {
             _ => (
                 StatusCode::NOT_FOUND,
                 "text/plain",
-                "not found: try /metrics, /healthz, /readyz or /v1/routes\n".to_string(),
+                "not found: try /metrics, /healthz, /readyz, /v1/routes or /v1/buckets\n"
+                    .to_string(),
             ),
         };
         Response::builder()

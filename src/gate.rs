@@ -22,7 +22,7 @@ use std::sync::Arc;
 pub struct Gate<L, C> {
     limiter: Arc<L>,
     /// Only in front of a shared store: the in-memory store answers as fast as the cache would.
-    deny_cache: Option<DenyCache>,
+    deny_cache: Option<Arc<DenyCache>>,
     /// Decides for `on_redis_error: local` routes while the store fails.
     fallback: MemoryLimiter<C>,
     clock: C,
@@ -66,7 +66,7 @@ impl Verdict {
 impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
     pub fn new(
         limiter: Arc<L>,
-        deny_cache: Option<DenyCache>,
+        deny_cache: Option<Arc<DenyCache>>,
         fallback: MemoryLimiter<C>,
         clock: C,
     ) -> Gate<L, C> {
@@ -272,7 +272,7 @@ mod tests {
         cached: bool,
     ) -> (Gate<L, Clocked>, Clocked) {
         let clock = Arc::new(ManualClock::new(T0));
-        let cache = cached.then(|| DenyCache::new(100, Duration::from_millis(50)));
+        let cache = cached.then(|| Arc::new(DenyCache::new(100, Duration::from_millis(50))));
         let fallback = MemoryLimiter::new(clock.clone(), 1000);
         let gate = Gate::new(Arc::new(store(&clock)), cache, fallback, clock.clone());
         (gate, clock)

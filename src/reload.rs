@@ -172,7 +172,7 @@ impl Reloader {
         if listen != new.listen {
             needs_restart.push("listen");
         }
-        if new.admin != old.admin {
+        if new.admin != old.admin || new.admin_token_env != old.admin_token_env {
             needs_restart.push("admin");
         }
         if new.redis != old.redis {
@@ -189,6 +189,7 @@ impl Reloader {
         }
         new.listen = listen;
         new.admin = old.admin;
+        new.admin_token_env.clone_from(&old.admin_token_env);
         new.redis.clone_from(&old.redis);
         new.shutdown_grace = old.shutdown_grace;
         new.memory = old.memory;

@@ -2,7 +2,7 @@
 //! config watcher, and the store behind them. Knows how the pieces are wired, not how a request is
 //! handled.
 
-use crate::admin::Admin;
+use crate::admin::{Admin, AdminParts};
 use crate::bind::{bind, BindError, Bound, PreBound};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ClockSource, Config, RedisSettings, RedisTarget, StateFormat};
@@ -53,6 +53,8 @@ pub enum StartError {
     Store(#[from] LimiterError),
     #[error("redis.password_env names {0}, which is not set in the environment")]
     Password(String),
+    #[error("admin.token_env names {0}, which is not set (or empty) in the environment")]
+    AdminToken(String),
     #[error("redis.tls_ca_file: cannot read {0}")]
     CaFile(String),
     #[error(transparent)]
@@ -86,7 +88,17 @@ pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), Start
     let plan: LivePlan = Arc::new(ArcSwap::from_pointee(Plan::compile(&config, &metrics)?));
     let resolvers = Resolvers::new(&config.listen);
     registry.register(Box::new(resolvers.clone()))?;
+    let admin_token = match &config.admin_token_env {
+        Some(name) => Some(
+            std::env::var(name)
+                .ok()
+                .filter(|t| !t.is_empty())
+                .ok_or_else(|| StartError::AdminToken(name.clone()))?,
+        ),
+        None => None,
+    };
     let parts = Parts {
+        admin_token,
         reloader: Arc::new(Reloader::new(
             path,
             config.clone(),
@@ -167,6 +179,8 @@ struct Parts {
     metrics: Metrics,
     options: RunOptions,
     sockets: Sockets,
+    /// The admin API's token, read from `admin.token_env` at start.
+    admin_token: Option<String>,
 }
 
 /// Listening sockets bound before the server starts (none in an upgrade).
@@ -224,9 +238,9 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
     let deny_cache = config
         .redis
         .as_ref()
-        .map(|redis| DenyCache::new(DENY_CACHE_ENTRIES, redis.timeout));
+        .map(|redis| Arc::new(DenyCache::new(DENY_CACHE_ENTRIES, redis.timeout)));
     let fallback = MemoryLimiter::new(SystemClock, config.memory.max_keys);
-    let gate = Gate::new(limiter.clone(), deny_cache, fallback, SystemClock);
+    let gate = Gate::new(limiter.clone(), deny_cache.clone(), fallback, SystemClock);
     let mut proxy = pingora::proxy::http_proxy(
         &server.configuration,
         RateLimitProxy::new(parts.plan.clone(), gate, parts.metrics.clone()),
@@ -272,10 +286,14 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
         "admin".to_string(),
         Connections::admin(
             Admin::new(
-                parts.registry,
                 limiter,
-                parts.plan.clone(),
-                parts.reloader.clone(),
+                AdminParts {
+                    registry: parts.registry,
+                    plan: parts.plan.clone(),
+                    reloader: parts.reloader.clone(),
+                    deny_cache,
+                    token: parts.admin_token,
+                },
             ),
             config.downstream,
         ),

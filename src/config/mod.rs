@@ -27,6 +27,9 @@ pub const DEFAULT_ADMIN: &str = "127.0.0.1:9090";
 pub struct Config {
     pub listen: Vec<Listener>,
     pub admin: SocketAddr,
+    /// The environment variable holding the admin API's token: mutating calls need it, and are
+    /// refused while none is set.
+    pub admin_token_env: Option<String>,
     /// `None`: limits are kept in process memory (per proxy, not shared).
     pub redis: Option<RedisSettings>,
     /// How long SIGTERM lets in-flight requests finish.

@@ -8,7 +8,8 @@ use serde::Deserialize;
 pub(super) struct RawConfig {
     /// An address, a `{ address, tls }` entry, or a list of either: read entry by entry.
     pub listen: Option<serde_yaml::Value>,
-    pub admin: Option<String>,
+    /// An address, or `{ address, token_env }`.
+    pub admin: Option<serde_yaml::Value>,
     pub redis: Option<RawRedis>,
     pub on_redis_error: Option<String>,
     pub shutdown_grace_seconds: Option<u64>,
@@ -29,6 +30,14 @@ pub(super) struct RawConfig {
 pub(super) enum OneOrMany {
     One(String),
     Many(Vec<String>),
+}
+
+/// `admin` written as a map.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAdmin {
+    pub address: Option<String>,
+    pub token_env: Option<String>,
 }
 
 /// A `listen` entry written as a map.

@@ -197,8 +197,9 @@ impl DenyCache {
         }
     }
 
-    /// Forgets the denial filed under `key`, if any, under all of its keys.
-    fn forget_key(&self, key: &str) {
+    /// Forgets the denial filed under `key`, if any, under all of its keys (also the admin API's,
+    /// when it resets that bucket).
+    pub fn forget_key(&self, key: &str) {
         let found = self.shard(key).get(key).map(|s| s.denial.clone());
         if let Some(denial) = found {
             self.forget(&denial);

@@ -14,7 +14,7 @@
 //! few tokens its bucket was missing, and no new client is ever refused or let through unlimited.
 
 use super::bucket::{evaluate, State};
-use super::{Bucket, Decision, Limiter, LimiterError};
+use super::{Bucket, Decision, Inspected, Limiter, LimiterError};
 use crate::clock::Clock;
 use std::collections::hash_map::{DefaultHasher, Entry};
 use std::collections::HashMap;
@@ -160,6 +160,30 @@ impl<C: Clock> Limiter for MemoryLimiter<C> {
 
     async fn ping(&self) -> Result<(), LimiterError> {
         Ok(())
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Inspected, LimiterError> {
+        let now = self.clock.now_us();
+        let shard = self
+            .shard(hash_tag(key))
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Past its full instant it is a full bucket, as an expired Redis key is.
+        let stored = shard.buckets.get(key).filter(|s| s.full_at > now);
+        Ok(Inspected {
+            state: stored.map(|s| s.state),
+            now_us: now,
+            ttl_ms: stored.map(|s| (s.full_at - now).div_ceil(1000)),
+        })
+    }
+
+    async fn reset(&self, key: &str) -> Result<bool, LimiterError> {
+        let now = self.clock.now_us();
+        let mut shard = self
+            .shard(hash_tag(key))
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        Ok(shard.buckets.remove(key).is_some_and(|s| s.full_at > now))
     }
 }
 

@@ -154,4 +154,31 @@ pub trait Limiter: Send + Sync + 'static {
 
     /// Whether the store answers, for `/readyz`.
     fn ping(&self) -> impl Future<Output = Result<(), LimiterError>> + Send;
+
+    /// One bucket as the store holds it now, read without changing it (the admin API).
+    fn inspect(&self, key: &str) -> impl Future<Output = Result<Inspected, LimiterError>> + Send {
+        let _ = key;
+        async { Err(LimiterError::Other("this store cannot be inspected".into())) }
+    }
+
+    /// Forgets one bucket, which is full from then on (the admin API); `true` when there was one.
+    fn reset(&self, key: &str) -> impl Future<Output = Result<bool, LimiterError>> + Send {
+        let _ = key;
+        async {
+            Err(LimiterError::Other(
+                "this store cannot reset a bucket".into(),
+            ))
+        }
+    }
+}
+
+/// What `Limiter::inspect` read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Inspected {
+    /// `None`: no bucket, which is a full one.
+    pub state: Option<bucket::State>,
+    /// The store's clock when it was read (µs): the instant to refill `state` to.
+    pub now_us: u64,
+    /// Until the store forgets it (Redis: PTTL), when it has one.
+    pub ttl_ms: Option<u64>,
 }

@@ -87,3 +87,135 @@ fn v1_routes_says_what_runs_and_what_the_last_reload_did() {
     let through = proxy.get("/v1/routes", &[]);
     assert_ne!(through.header("content-type"), Some("application/json"));
 }
+
+/// The admin listener's config for a route limited per (address, API key), on `backend`.
+fn bucket_config(backend: &crate::scenarios::Backend, upstream: &Upstream, admin: &str) -> String {
+    format!(
+        "listen: \"{{listen}}\"\nadmin: {admin}\n{}routes:\n  - name: api\n    upstream: \"{}\"\n    limits:\n      \
+         - {{ name: pair, capacity: 5, refill: \"1/h\", key: [client_ip, \"header:X-Api-Key\"] }}\n      \
+         - {{ name: all, capacity: 100, refill: \"1/h\", key: route }}\n",
+        backend.section(2000),
+        upstream.addr
+    )
+}
+
+fn json_of(r: &crate::support::http::Response) -> Value {
+    serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {r:?}"))
+}
+
+/// A key's buckets read exactly after three requests, reset with the token (401 without it), and
+/// full again for the client, on each store.
+fn inspect_and_reset(backend: crate::scenarios::Backend, format: &str) {
+    use crate::support::http::request;
+    let upstream = Upstream::start();
+    let yaml = bucket_config(
+        &backend,
+        &upstream,
+        "{ address: \"{admin}\", token_env: RL_TEST_ADMIN_TOKEN }",
+    )
+    .replace(
+        "timeout_ms: 2000\n",
+        &format!("timeout_ms: 2000\n  state_format: {format}\n"),
+    );
+    let proxy = Proxy::start_with_env(&yaml, &[("RL_TEST_ADMIN_TOKEN", "s3cret")]);
+    for _ in 0..3 {
+        assert_eq!(proxy.get("/x", &[("X-Api-Key", "alice")]).status, 200);
+    }
+    let query = "/v1/buckets?route=api&client_ip=127.0.0.1&header:X-Api-Key=alice";
+    let r = proxy.admin_get(query);
+    assert_eq!(r.status, 200, "{r:?}");
+    let v = json_of(&r);
+    let pair = &v["limits"][0];
+    assert_eq!(pair["limit"], "pair");
+    assert_eq!(pair["exists"], true);
+    assert_eq!(pair["tokens"], 2, "{v:#}");
+    assert_eq!(pair["capacity"], 5);
+    assert!(
+        pair["store_key"]
+            .as_str()
+            .unwrap()
+            .contains("127.0.0.1|alice"),
+        "{v:#}"
+    );
+    let to_full = pair["seconds_to_full"].as_f64().unwrap();
+    assert!(
+        to_full > 3.0 * 3600.0 - 60.0 && to_full <= 3.0 * 3600.0,
+        "{v:#}"
+    );
+    assert!(pair["ttl_ms"].as_u64().unwrap() > 0, "{v:#}");
+    assert_eq!(v["limits"][1]["tokens"], 97, "the route-wide bucket: {v:#}");
+    // Reading wrote nothing: the client's next request still sees 2 left before it.
+    assert_eq!(json_of(&proxy.admin_get(query))["limits"][0]["tokens"], 2);
+
+    // Exhausted: the last one refused (with Redis, remembered in this proxy's deny cache).
+    let statuses: Vec<u16> = (0..3)
+        .map(|_| proxy.get("/x", &[("X-Api-Key", "alice")]).status)
+        .collect();
+    assert_eq!(statuses, [200, 200, 429]);
+
+    // Resetting needs the token.
+    let reset = format!("{query}&limit=pair");
+    assert_eq!(request(proxy.admin, "DELETE", &reset, &[]).status, 401);
+    let wrong = [("Authorization", "Bearer nope")];
+    assert_eq!(request(proxy.admin, "DELETE", &reset, &wrong).status, 401);
+    let right = [("Authorization", "Bearer s3cret")];
+    let r = request(proxy.admin, "DELETE", &reset, &right);
+    assert_eq!(r.status, 200, "{r:?}");
+    let v = json_of(&r);
+    assert_eq!(v["reset"][0]["limit"], "pair");
+    assert_eq!(v["reset"][0]["existed"], true);
+    assert_eq!(
+        v["reset"].as_array().unwrap().len(),
+        1,
+        "only the limit asked for"
+    );
+    assert!(proxy.stderr().contains("admin: reset bucket"), "logged");
+
+    let v = json_of(&proxy.admin_get(query));
+    assert_eq!(v["limits"][0]["tokens"], 5);
+    assert_eq!(v["limits"][0]["exists"], false);
+    assert_eq!(v["limits"][1]["tokens"], 95, "the other limit untouched");
+    // Admitted at once: the remembered denial went with the bucket.
+    let r = proxy.get("/x", &[("X-Api-Key", "alice")]);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("4"), "{r:?}");
+}
+
+#[test]
+fn a_bucket_is_inspected_and_reset_on_redis_hashes() {
+    let redis = crate::support::redis::RedisServer::start();
+    inspect_and_reset(crate::scenarios::Backend::Redis(redis), "hash");
+}
+
+#[test]
+fn a_bucket_is_inspected_and_reset_on_redis_packed() {
+    let redis = crate::support::redis::RedisServer::start();
+    inspect_and_reset(crate::scenarios::Backend::Redis(redis), "packed");
+}
+
+#[test]
+fn a_bucket_is_inspected_and_reset_in_memory() {
+    inspect_and_reset(crate::scenarios::Backend::Memory, "-");
+}
+
+/// Without `admin.token_env`, nothing can be reset (403), and a bad query says what is wrong.
+#[test]
+fn without_a_token_nothing_is_reset() {
+    use crate::support::http::request;
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&bucket_config(
+        &crate::scenarios::Backend::Memory,
+        &upstream,
+        "\"{admin}\"",
+    ));
+    let r = request(
+        proxy.admin,
+        "DELETE",
+        "/v1/buckets?route=api&key=x",
+        &[("Authorization", "Bearer anything")],
+    );
+    assert_eq!(r.status, 403, "{r:?}");
+    let r = proxy.admin_get("/v1/buckets?route=nope");
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("no route is named"), "{r:?}");
+}

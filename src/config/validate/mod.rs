@@ -5,7 +5,7 @@ mod redis;
 mod route;
 
 use super::locate::{line_of, render, Seg};
-use super::raw::{RawConfig, RawListener, RawTls};
+use super::raw::{RawAdmin, RawConfig, RawListener, RawTls};
 use super::*;
 
 pub(super) fn validate(file: &str, text: &str) -> Result<Config, ConfigError> {
@@ -127,11 +127,7 @@ impl Validator<'_> {
             }
         };
         let listen = self.listen(raw.listen);
-        let admin = self.address(
-            None,
-            vec![key("admin")],
-            raw.admin.as_deref().unwrap_or(DEFAULT_ADMIN),
-        );
+        let (admin, admin_token_env) = self.admin(raw.admin);
         if let (Some(admin), Some(listen)) = (admin, &listen) {
             if listen.iter().any(|l| l.addr == admin) {
                 self.problem(
@@ -218,6 +214,7 @@ impl Validator<'_> {
         Some(Config {
             listen: listen?,
             admin: admin?,
+            admin_token_env,
             redis,
             shutdown_grace: Duration::from_secs(grace),
             memory: MemorySettings {
@@ -337,6 +334,45 @@ impl Validator<'_> {
             .filter_map(|(path, value)| self.listener(path, value))
             .collect();
         (self.problems.len() == before).then_some(listeners)
+    }
+
+    /// `admin`: `"IP:port"`, or `{ address, token_env }`.
+    fn admin(&mut self, raw: Option<serde_yaml::Value>) -> (Option<SocketAddr>, Option<String>) {
+        let raw = match raw {
+            None => RawAdmin {
+                address: None,
+                token_env: None,
+            },
+            Some(serde_yaml::Value::String(address)) => RawAdmin {
+                address: Some(address),
+                token_env: None,
+            },
+            Some(value) => match serde_path_to_error::deserialize(value) {
+                Ok(raw) => raw,
+                Err(err) => {
+                    self.serde_problem(None, &[key("admin")], err, None);
+                    return (None, None);
+                }
+            },
+        };
+        let path = match raw.token_env {
+            Some(_) => vec![key("admin"), key("address")],
+            None => vec![key("admin")],
+        };
+        let address = self.address(None, path, raw.address.as_deref().unwrap_or(DEFAULT_ADMIN));
+        let token_env = raw.token_env.filter(|name| {
+            let ok =
+                !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !ok {
+                self.problem(
+                    None,
+                    vec![key("admin"), key("token_env")],
+                    format!("{name:?} is not an environment variable name"),
+                );
+            }
+            ok
+        });
+        (address, token_env)
     }
 
     /// One `listen` entry: `"IP:port"`, or `{ address, tls: { cert_file, key_file } }`.

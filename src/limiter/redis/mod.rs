@@ -17,6 +17,7 @@
 
 mod batch;
 mod cluster;
+mod inspect;
 mod sentinel;
 mod standalone;
 mod wire;
@@ -27,7 +28,7 @@ pub use standalone::Standalone;
 
 use super::breaker::{Admission, Breaker, BreakerState, Transition};
 use super::bucket::{report, State};
-use super::{Bucket, BucketParams, Decision, ErrorKind, Limiter, LimiterError};
+use super::{Bucket, BucketParams, Decision, ErrorKind, Inspected, Limiter, LimiterError};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::throttle::Throttle;
@@ -40,6 +41,8 @@ use std::time::{Duration, Instant};
 
 /// The script, compiled into the binary so it always matches the code that parses its reply.
 pub const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua");
+/// One bucket read without writing (the admin API).
+pub const PEEK_LUA: &str = include_str!("../../../lua/peek.lua");
 
 /// The format buckets are written in (both are read, so proxies writing either share buckets
 /// exactly): the script's `ARGV[2]`, see "State" in `lua/token_bucket.lua`.
@@ -378,6 +381,14 @@ impl Limiter for RedisLimiter {
             Ok(answer) => answer.map(drop).map_err(classify),
             Err(_) => Err(LimiterError::Timeout(self.timeout)),
         }
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Inspected, LimiterError> {
+        self.inspect_bucket(key).await
+    }
+
+    async fn reset(&self, key: &str) -> Result<bool, LimiterError> {
+        self.reset_bucket(key).await
     }
 }
 
