@@ -160,6 +160,13 @@ impl<L: Limiter> ServeHttp for Admin<L> {
                 Ok(()) => json(self.reset(&query).await),
                 Err((status, why)) => (status, "text/plain", why),
             },
+            "/v1/top" => {
+                let now = crate::clock::Clock::now_us(&crate::clock::SystemClock);
+                match console::top(&self.plan.load(), &query, now) {
+                    Ok(body) => (StatusCode::OK, "application/json", format!("{body:#}\n")),
+                    Err(why) => (StatusCode::BAD_REQUEST, "text/plain", format!("{why}\n")),
+                }
+            }
             "/v1/buckets" => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 "text/plain",

@@ -53,6 +53,51 @@ fn key_part(k: &KeySource) -> String {
     k.to_string()
 }
 
+/// `GET /v1/top`: each route's (or `route=`'s) most refused keys over `window=` (`1m`, `5m`, the
+/// default, or `15m`) up to `now_us`. An error is the 400's text.
+pub fn top(plan: &crate::plan::Plan, query: &str, now_us: u64) -> Result<Value, String> {
+    let params = query_pairs(query);
+    let get = |name: &str| {
+        params
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    };
+    let window = get("window").unwrap_or_else(|| "5m".into());
+    let minutes = match window.as_str() {
+        "1m" => 1,
+        "5m" => 5,
+        "15m" => 15,
+        other => return Err(format!("window must be 1m, 5m or 15m, got {other:?}")),
+    };
+    let only = get("route");
+    if let Some(name) = &only {
+        if !plan.routes.iter().any(|r| &r.name == name) {
+            return Err(format!("no route is named {name:?}"));
+        }
+    }
+    let routes: Vec<Value> = plan
+        .routes
+        .iter()
+        .filter(|r| only.as_ref().is_none_or(|name| &r.name == name))
+        .filter(|r| !r.limits.is_empty())
+        .map(|r| {
+            let (ranked, refusals) = r.counters.top.top(minutes, now_us);
+            json!({
+                "route": r.name,
+                "refusals": refusals,
+                "keys": ranked.iter().map(|k| json!({
+                    "key": k.key,
+                    "refused": k.counts.refused,
+                    "allowed": k.counts.allowed,
+                    "error": k.counts.error,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(json!({ "window": window, "routes": routes }))
+}
+
 /// One bucket an admin call is about: a limit of the route, and the store key that the key values
 /// in the query make, exactly as a client sending them would make it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -106,6 +106,7 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
         };
         let (verdict, shadow_rejects) =
             tokio::join!(self.decide(route, &enforced), self.shadow_rejects(&shadow));
+        self.rank(route, &enforced, &verdict);
         match verdict {
             Decided::Pass(Outcome::Allowed, decision) if shadow_rejects => Verdict::Pass(
                 Outcome::ShadowRejected,
@@ -118,6 +119,27 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
                 Verdict::Reject(outcome, decision, enforced.limits)
             }
             Decided::Unavailable => Verdict::Unavailable,
+        }
+    }
+
+    /// Counts the key in the route's most refused keys (`top`): the key of the limit that refused
+    /// it, or, admitted, its keys if they are being tracked.
+    fn rank(&self, route: &RoutePlan, draw: &Draw, verdict: &Decided) {
+        let top = &route.counters.top;
+        match verdict {
+            Decided::Reject(_, decision) => {
+                let key = decision.binding().and_then(|i| draw.keys.get(i));
+                if let Some(key) = key {
+                    top.refused(key, self.clock.now_us());
+                }
+            }
+            Decided::Pass(Outcome::Allowed, Some(_)) => {
+                let now = self.clock.now_us();
+                for key in &draw.keys {
+                    top.allowed(key, now);
+                }
+            }
+            _ => {}
         }
     }
 

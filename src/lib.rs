@@ -56,4 +56,5 @@ pub mod server;
 pub mod text;
 pub mod throttle;
 pub mod tls;
+pub mod top;
 pub mod upstream;

@@ -2,10 +2,13 @@
 //! stay bounded (route names and fixed words — never a client key).
 
 use crate::canonical::Refused;
+use crate::top::TopKeys;
 use prometheus::{
     exponential_buckets, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry,
 };
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 words! {
@@ -98,6 +101,9 @@ pub struct Metrics {
     connections_closed: Vec<IntCounter>,
     /// By `Refused`, in `Refused::ALL` order.
     refused: Vec<IntCounter>,
+    /// Each route's most refused keys (not metrics: their labels would be unbounded), kept by
+    /// route name across reloads, as the counters are.
+    tops: Arc<Mutex<HashMap<String, Arc<TopKeys>>>>,
 }
 
 /// One route's counters, resolved once so the request path does no label lookup.
@@ -107,6 +113,8 @@ pub struct RouteCounters {
     deny_cache_hits: IntCounter,
     /// Responses by status class, 1xx to 5xx.
     responses: [IntCounter; 5],
+    /// The route's most refused keys (`/v1/top`).
+    pub top: Arc<TopKeys>,
 }
 
 impl RouteCounters {
@@ -273,6 +281,7 @@ impl Metrics {
             connections_open,
             connections_closed,
             refused,
+            tops: Arc::default(),
         })
     }
 
@@ -298,6 +307,13 @@ impl Metrics {
             deny_cache_hits: self.deny_cache_hits.with_label_values(&[route]),
             responses: ["1xx", "2xx", "3xx", "4xx", "5xx"]
                 .map(|class| self.responses.with_label_values(&[route, class])),
+            top: self
+                .tops
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(route.to_string())
+                .or_default()
+                .clone(),
         }
     }
 

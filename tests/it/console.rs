@@ -219,3 +219,67 @@ fn without_a_token_nothing_is_reset() {
     assert_eq!(r.status, 400);
     assert!(r.body.contains("no route is named"), "{r:?}");
 }
+
+/// Three attacking keys rank above twenty normal ones, with their exact refusal counts (fewer keys
+/// than the sketch holds: no error; a 5-minute window, so a minute turning mid-test loses nothing),
+/// whichever store (with Redis, most refusals come from the deny cache, without a store call).
+fn top_ranks_the_attackers(backend: crate::scenarios::Backend) {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&format!(
+        "listen: \"{{listen}}\"\nadmin: \"{{admin}}\"\n{}routes:\n  - name: api\n    upstream: \"{}\"\n    \
+         limits: [{{ name: per_key, capacity: 5, refill: \"1/h\", key: \"header:X-Api-Key\" }}]\n",
+        backend.section(2000),
+        upstream.addr
+    ));
+    let send = |key: &str, n: usize| {
+        for _ in 0..n {
+            proxy.get("/x", &[("X-Api-Key", key)]);
+        }
+    };
+    for i in 0..20 {
+        send(&format!("normal-{i}"), 6);
+    }
+    send("attacker-a", 65);
+    send("attacker-b", 45);
+    send("attacker-c", 25);
+    let r = proxy.admin_get("/v1/top?route=api&window=5m");
+    assert_eq!(r.status, 200, "{r:?}");
+    let v = json_of(&r);
+    let route = &v["routes"][0];
+    assert_eq!(route["route"], "api");
+    assert_eq!(route["refusals"], 20 + 60 + 40 + 20, "{v:#}");
+    let keys = route["keys"].as_array().unwrap();
+    let first: Vec<(&str, u64)> = keys
+        .iter()
+        .take(4)
+        .map(|k| (k["key"].as_str().unwrap(), k["refused"].as_u64().unwrap()))
+        .collect();
+    assert!(
+        first[0].0.contains("attacker-a") && first[0].1 == 60,
+        "{v:#}"
+    );
+    assert!(
+        first[1].0.contains("attacker-b") && first[1].1 == 40,
+        "{v:#}"
+    );
+    assert!(
+        first[2].0.contains("attacker-c") && first[2].1 == 20,
+        "{v:#}"
+    );
+    assert_eq!(first[3].1, 1, "then the normal keys: {v:#}");
+    assert_eq!(keys.len(), 23);
+    assert!(keys.iter().all(|k| k["error"] == 0), "{v:#}");
+    assert_eq!(proxy.admin_get("/v1/top?window=2h").status, 400);
+}
+
+#[test]
+fn top_ranks_the_attackers_in_memory() {
+    top_ranks_the_attackers(crate::scenarios::Backend::Memory);
+}
+
+#[test]
+fn top_ranks_the_attackers_on_redis() {
+    top_ranks_the_attackers(crate::scenarios::Backend::Redis(
+        crate::support::redis::RedisServer::start(),
+    ));
+}
