@@ -4,8 +4,9 @@
 use crate::console;
 use crate::deny_cache::DenyCache;
 use crate::limiter::Limiter;
-use crate::metrics;
+use crate::metrics::{self, Metrics};
 use crate::reload::{LivePlan, Reloader};
+use crate::tls::Resolvers;
 use async_trait::async_trait;
 use http::{header, Response, StatusCode};
 use pingora::apps::http_app::ServeHttp;
@@ -24,11 +25,15 @@ pub struct Admin<L> {
     deny_cache: Option<Arc<DenyCache>>,
     /// Mutating calls need it as `Authorization: Bearer …`; without one they are refused.
     token: Option<String>,
+    metrics: Metrics,
+    resolvers: Resolvers,
 }
 
 /// What the admin listener is given besides the store.
 pub struct AdminParts {
     pub registry: Registry,
+    pub metrics: Metrics,
+    pub resolvers: Resolvers,
     pub plan: LivePlan,
     pub reloader: Arc<Reloader>,
     pub deny_cache: Option<Arc<DenyCache>>,
@@ -44,6 +49,8 @@ impl<L> Admin<L> {
             reloader: parts.reloader,
             deny_cache: parts.deny_cache,
             token: parts.token,
+            metrics: parts.metrics,
+            resolvers: parts.resolvers,
         }
     }
 
@@ -72,6 +79,10 @@ impl<L> Admin<L> {
         }
     }
 }
+
+/// The status page: one self-contained file (no CDN, no external font) that polls the JSON
+/// endpoints.
+const STATUS_PAGE: &str = include_str!("status.html");
 
 /// Equal, in a time that does not say where they differ.
 fn same(a: &[u8], b: &[u8]) -> bool {
@@ -160,6 +171,21 @@ impl<L: Limiter> ServeHttp for Admin<L> {
                 Ok(()) => json(self.reset(&query).await),
                 Err((status, why)) => (status, "text/plain", why),
             },
+            "/" => (
+                StatusCode::OK,
+                "text/html; charset=utf-8",
+                STATUS_PAGE.to_string(),
+            ),
+            "/v1/status" => {
+                let (config, hash, last) = self.reloader.snapshot();
+                let body = console::status(
+                    &self.plan.load(),
+                    (&config, &hash, &last),
+                    &self.metrics,
+                    &self.resolvers.expiries(),
+                );
+                (StatusCode::OK, "application/json", format!("{body:#}\n"))
+            }
             "/v1/top" => {
                 let now = crate::clock::Clock::now_us(&crate::clock::SystemClock);
                 match console::top(&self.plan.load(), &query, now) {

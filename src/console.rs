@@ -53,6 +53,41 @@ fn key_part(k: &KeySource) -> String {
     k.to_string()
 }
 
+/// `GET /v1/status`: what the status page shows, polled: every route's decisions so far by outcome
+/// (the page works out rates from two readings), the store (Redis: the breaker, and the decisions'
+/// p50 and p99 latency so far), the running config, and each TLS listener's expiry.
+pub fn status(
+    plan: &crate::plan::Plan,
+    config: (&Config, &str, &LastReload),
+    metrics: &crate::metrics::Metrics,
+    tls: &[(std::net::SocketAddr, i64)],
+) -> Value {
+    let (config, hash, last) = config;
+    let redis = config.redis.as_ref().map(|_| {
+        let q = metrics.redis_quantiles(&[0.5, 0.99]);
+        let ms = |i: usize| q.as_ref().map(|q| q[i] * 1000.0).filter(|v| v.is_finite());
+        json!({ "up": metrics.redis_up(), "p50_ms": ms(0), "p99_ms": ms(1) })
+    });
+    json!({
+        "config_hash": hash,
+        "last_reload": { "at": last.at, "result": last.result, "error": last.error },
+        "store": if config.redis.is_some() { "redis" } else { "memory" },
+        "redis": redis,
+        "tls": tls.iter().map(|(addr, left)| json!({
+            "listener": addr.to_string(),
+            "expires_in_s": left,
+        })).collect::<Vec<_>>(),
+        "routes": plan.routes.iter().map(|r| {
+            let totals: serde_json::Map<String, Value> = r
+                .counters
+                .totals()
+                .map(|(o, n)| (o.as_str().to_string(), json!(n)))
+                .collect();
+            json!({ "route": r.name, "limited": !r.limits.is_empty(), "decisions": totals })
+        }).collect::<Vec<_>>(),
+    })
+}
+
 /// `GET /v1/top`: each route's (or `route=`'s) most refused keys over `window=` (`1m`, `5m`, the
 /// default, or `15m`) up to `now_us`. An error is the 400's text.
 pub fn top(plan: &crate::plan::Plan, query: &str, now_us: u64) -> Result<Value, String> {

@@ -122,6 +122,13 @@ impl RouteCounters {
         self.decisions[outcome as usize].inc();
     }
 
+    /// Every outcome and its count so far (the status page works out rates from two readings).
+    pub fn totals(&self) -> impl Iterator<Item = (Outcome, u64)> + '_ {
+        Outcome::ALL
+            .iter()
+            .map(|&o| (o, self.decisions[o as usize].get()))
+    }
+
     /// A rejection answered from the deny cache, without a store call.
     pub fn deny_cache_hit(&self) {
         self.deny_cache_hits.inc();
@@ -323,6 +330,34 @@ impl Metrics {
             .with_label_values(&[state.as_str()])
             .inc();
         self.redis_up.set(i64::from(state == BreakerState::Closed));
+    }
+
+    /// Whether the breaker lets calls reach Redis (`ratelimit_redis_up`).
+    pub fn redis_up(&self) -> bool {
+        self.redis_up.get() == 1
+    }
+
+    /// The upper bounds (seconds) of the histogram buckets that hold the `q`-quantiles of the
+    /// decisions' Redis latency so far, one per `q`; `None` before any decision.
+    pub fn redis_quantiles(&self, qs: &[f64]) -> Option<Vec<f64>> {
+        use prometheus::core::Collector;
+        let family = self.redis_duration.collect();
+        let h = family.first()?.get_metric().first()?.get_histogram();
+        let count = h.get_sample_count();
+        if count == 0 {
+            return None;
+        }
+        Some(
+            qs.iter()
+                .map(|q| {
+                    let rank = (q * count as f64).ceil() as u64;
+                    h.get_bucket()
+                        .iter()
+                        .find(|b| b.cumulative_count() >= rank)
+                        .map_or(f64::INFINITY, |b| b.upper_bound())
+                })
+                .collect(),
+        )
     }
 
     pub fn redis_latency(&self, took: Duration) {

@@ -253,7 +253,7 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
     let mut options = pingora::apps::HttpServerOptions::default();
     options.h2_idle_timeout = Some(config.downstream.idle_timeout);
     proxy.server_options = Some(options);
-    let connections = Connections::new(proxy, config.downstream, parts.metrics).with_h2c(
+    let connections = Connections::new(proxy, config.downstream, parts.metrics.clone()).with_h2c(
         config
             .listen
             .iter()
@@ -289,6 +289,8 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
                 limiter,
                 AdminParts {
                     registry: parts.registry,
+                    metrics: parts.metrics.clone(),
+                    resolvers: parts.resolvers.clone(),
                     plan: parts.plan.clone(),
                     reloader: parts.reloader.clone(),
                     deny_cache,

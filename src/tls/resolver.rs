@@ -127,6 +127,16 @@ impl Resolvers {
             .map(|(_, r)| r.clone())
     }
 
+    /// Each TLS listener and the seconds until its soonest certificate expires (negative once it
+    /// has), now.
+    pub fn expiries(&self) -> Vec<(SocketAddr, i64)> {
+        let now = unix_now();
+        self.listeners
+            .iter()
+            .map(|(addr, r)| (*addr, r.not_after.load(Ordering::Relaxed) - now))
+            .collect()
+    }
+
     /// New connections to `addr` get `tls`'s certificates from now on; `false` when no TLS
     /// listener is there.
     pub fn install(&self, addr: SocketAddr, tls: &TlsListener) -> bool {

@@ -19,6 +19,7 @@ mod redis_faults;
 mod redis_security;
 mod resilience;
 mod scenarios;
+mod status_page;
 mod support;
 mod tls_listener;
 mod topologies;
