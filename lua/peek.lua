@@ -6,7 +6,8 @@
 --
 -- Reply, as strings (integers up to 2^53, exact): { found, v, t, s, pttl_ms, now }
 --   found    "1" when the key holds a bucket, "0" when it does not (none: a full bucket; or
---            something that is not one, which the decision script would reset to full)
+--            something token_bucket.lua would call bad and reset to full: another type, fields
+--            that are not whole numbers in 0..2^53, a scale of 0)
 --   v, t, s  the stored state: units held, the microsecond they were computed for, their scale
 --            ("0": a hash written before s existed, read in the limit's scale)
 --   pttl_ms  the key's PTTL (negative: no key, or no expiry)
@@ -20,16 +21,37 @@ if not now then
 end
 
 local key = KEYS[1]
+
+-- A whole number in 0..2^53, or nil: what a field written by token_bucket.lua holds.
+local function whole(x)
+  local n = tonumber(x)
+  if n ~= nil and n >= 0 and n <= 9007199254740992 and n % 1 == 0 then
+    return n
+  end
+  return nil
+end
+
+-- Read as token_bucket.lua reads it: anything it would call bad (and reset to full) is no bucket.
 local kind = redis.call('TYPE', key)['ok']
-local v, t, s
+local v, t, s, ok
 if kind == 'string' then
   local raw = redis.call('GET', key)
   if #raw == 24 then
-    v, t, s = struct.unpack('<ddd', raw)
+    local a, b, c = struct.unpack('<ddd', raw)
+    v, t, s = whole(a), whole(b), whole(c)
+    ok = v ~= nil and t ~= nil and s ~= nil and s > 0
   end
 elseif kind == 'hash' then
   local h = redis.call('HMGET', key, 'v', 't', 's')
-  v, t, s = tonumber(h[1]), tonumber(h[2]), tonumber(h[3] or '0')
+  v, t = whole(h[1]), whole(h[2])
+  if h[3] then
+    s = whole(h[3])
+    ok = v ~= nil and t ~= nil and s ~= nil and s > 0
+  else
+    -- Written before `s` existed: in the limit's own scale.
+    s = 0
+    ok = v ~= nil and t ~= nil
+  end
 end
 
 local function int(x)
@@ -37,7 +59,7 @@ local function int(x)
 end
 
 local pttl = redis.call('PTTL', key)
-if v == nil or t == nil or v < 0 or t < 0 or v % 1 ~= 0 or t % 1 ~= 0 then
+if not ok then
   return { '0', '0', '0', '0', int(pttl), int(now) }
 end
-return { '1', int(v), int(t), int(s or 0), int(pttl), int(now) }
+return { '1', int(v), int(t), int(s), int(pttl), int(now) }

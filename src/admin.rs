@@ -69,7 +69,9 @@ impl<L> Admin<L> {
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
         match given {
             Some(given) if same(given.as_bytes(), token.as_bytes()) => Ok(()),
             _ => Err((
@@ -125,9 +127,14 @@ impl<L: Limiter> Admin<L> {
             if let Some(cache) = &self.deny_cache {
                 cache.forget_key(&t.store_key);
             }
+            let plan = self.plan.load();
+            let shown = plan
+                .routes
+                .iter()
+                .find(|r| r.name == route)
+                .map_or_else(|| "?".to_string(), |r| console::shown_key(r, &t.store_key));
             log::info!(
-                "admin: reset bucket {} (route {route}, limit {})",
-                t.store_key,
+                "admin: reset bucket {shown} (route {route}, limit {})",
                 t.limit
             );
             reset.push(serde_json::json!({
@@ -136,7 +143,11 @@ impl<L: Limiter> Admin<L> {
                 "existed": existed,
             }));
         }
-        let body = serde_json::json!({ "route": route, "reset": reset });
+        let body = serde_json::json!({
+            "route": route,
+            "reset": reset,
+            "note": "other proxies answer denials they remember of these buckets until each one's retry instant",
+        });
         (StatusCode::OK, format!("{body:#}\n"))
     }
 

@@ -16,6 +16,9 @@ use tokio::signal::unix::{signal, SignalKind};
 
 /// How often the watcher looks at the connections still open.
 const POLL: Duration = Duration::from_millis(20);
+/// Readings in a row with none open before it exits: a connection accepted a moment ago may not
+/// hold its place yet (it takes it once its TLS handshake is done).
+const QUIET: u32 = 5;
 
 /// How many client connections are open.
 pub type OpenCount = Arc<dyn Fn() -> usize + Send + Sync>;
@@ -59,9 +62,10 @@ impl ShutdownSignalWatch for Drain {
 /// ends).
 fn exit_when_drained(open: &(dyn Fn() -> usize + Send + Sync)) {
     // Let the shutdown reach every connection first: one between requests closes at once.
-    std::thread::sleep(POLL);
-    while open() > 0 {
+    let mut quiet = 0;
+    while quiet < QUIET {
         std::thread::sleep(POLL);
+        quiet = if open() == 0 { quiet + 1 } else { 0 };
     }
     log::info!("SIGTERM: no client connection left, exiting before the grace period ends");
     log::logger().flush();

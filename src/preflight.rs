@@ -173,17 +173,32 @@ fn target(redis: &RedisSettings) -> String {
     }
 }
 
-/// A URL as it may be printed: `redis://user:secret@host` becomes `redis://user:***@host`.
+/// A URL as it may be printed: the password of `redis://user:secret@host` and of a `pass=` or
+/// `password=` query parameter (unix sockets carry it there) becomes `***`.
 fn without_password(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_string(),
-            }
+    let (head, query) = match url.split_once('?') {
+        Some((head, query)) => (head, Some(query)),
+        None => (url, None),
+    };
+    let head = match (head.find("://"), head.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => match head[scheme + 3..at].split_once(':') {
+            Some((user, _)) => format!("{}{user}:***{}", &head[..scheme + 3], &head[at..]),
+            None => head.to_string(),
+        },
+        _ => head.to_string(),
+    };
+    match query {
+        None => head,
+        Some(query) => {
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((k, _)) if k == "pass" || k == "password" => format!("{k}=***"),
+                    _ => pair.to_string(),
+                })
+                .collect();
+            format!("{head}?{}", pairs.join("&"))
         }
-        _ => url.to_string(),
     }
 }
 

@@ -92,6 +92,8 @@ pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), Start
         Some(name) => Some(
             std::env::var(name)
                 .ok()
+                // A file read into the variable brings its newline.
+                .map(|t| t.trim().to_string())
                 .filter(|t| !t.is_empty())
                 .ok_or_else(|| StartError::AdminToken(name.clone()))?,
         ),

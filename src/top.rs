@@ -7,8 +7,9 @@
 //! least-counted key and inherits its count as its error. A key's count is then never below its
 //! true count and above it by at most its `error`, itself at most the sketch's refusals /
 //! [`SLOTS`]; so every key refused more often than that in a minute is in that minute's sketch.
-//! Allowed requests are counted only for keys already there (one map lookup): a key's allowed
-//! count is a lower bound. Windows add the minutes' sketches up.
+//! A window adds its sketches up as such summaries merge (a full sketch's least count is added to
+//! a key it does not hold), so the bound holds for the sum. Allowed requests are counted only for
+//! keys already there (one map lookup): a key's allowed count is a lower bound.
 //!
 //! Each worker thread writes its own shard (no lock shared by all threads, and no Redis call);
 //! `/v1/top` locks each shard briefly to read it.
@@ -21,8 +22,8 @@ use std::sync::Mutex;
 pub const SLOTS: usize = 64;
 /// Keys reported at most.
 pub const TOP: usize = 50;
-/// Minutes kept: the longest window.
-const MINUTES: usize = 15;
+/// Minutes kept: the longest window's whole minutes, and the one under way.
+const MINUTES: usize = 16;
 /// Shards: worker threads beyond this share one.
 const SHARDS: usize = 16;
 
@@ -133,13 +134,19 @@ impl TopKeys {
         }
     }
 
-    /// The keys refused most over the `minutes` up to `now_us` (1 to 15), most first, and the
-    /// refusals counted in that window.
+    /// The keys refused most over the last `minutes` whole minutes (1 to 15) and the one under
+    /// way at `now_us`, most first, and the refusals counted in that window.
+    ///
+    /// Sketches add up as Space-Saving summaries merge: a key one full sketch no longer holds may
+    /// have had up to that sketch's least count there, so that much is added to its count and to
+    /// its error, which keeps every count an upper bound.
     pub fn top(&self, minutes: u64, now_us: u64) -> (Vec<Ranked>, u64) {
         let now = minute(now_us);
-        let from = now.saturating_sub(minutes.clamp(1, MINUTES as u64) - 1);
-        let mut total: HashMap<Box<str>, Counts> = HashMap::new();
+        let from = now.saturating_sub(minutes.clamp(1, MINUTES as u64 - 1));
+        let mut total: HashMap<Box<str>, (Counts, u64)> = HashMap::new();
         let mut refusals = 0;
+        // The least counts of the full sketches in the window, added up.
+        let mut floors = 0;
         for shard in &self.shards {
             let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
             for (m, sketch) in shard.minute.iter().zip(&shard.sketch) {
@@ -147,19 +154,31 @@ impl TopKeys {
                     continue;
                 }
                 refusals += sketch.refusals;
+                let floor = if sketch.counts.len() >= SLOTS {
+                    sketch.counts.values().map(|c| c.refused).min().unwrap_or(0)
+                } else {
+                    0
+                };
+                floors += floor;
                 for (k, c) in &sketch.counts {
-                    let t = total.entry(k.clone()).or_default();
+                    let (t, seen_floors) = total.entry(k.clone()).or_default();
                     t.refused += c.refused;
                     t.allowed += c.allowed;
                     t.error += c.error;
+                    *seen_floors += floor;
                 }
             }
         }
         let mut ranked: Vec<Ranked> = total
             .into_iter()
-            .map(|(key, counts)| Ranked {
-                key: key.into(),
-                counts,
+            .map(|(key, (mut counts, seen_floors))| {
+                let unseen = floors - seen_floors;
+                counts.refused += unseen;
+                counts.error += unseen;
+                Ranked {
+                    key: key.into(),
+                    counts,
+                }
             })
             .collect();
         ranked.sort_by(|a, b| {
@@ -227,15 +246,46 @@ mod tests {
     }
 
     #[test]
+    fn a_key_one_shard_dropped_is_still_counted_from_above() {
+        let top = TopKeys::default();
+        // One thread (shard) sees the victim once, then enough other keys to push it out of its
+        // sketch.
+        let push_out = |top: &TopKeys| {
+            top.refused("victim", T);
+            for i in 0..SLOTS {
+                top.refused(&format!("other{i}"), T);
+                top.refused(&format!("other{i}"), T);
+            }
+        };
+        std::thread::scope(|s| {
+            s.spawn(|| push_out(&top));
+        });
+        // Another thread (shard) sees it five times.
+        std::thread::scope(|s| {
+            s.spawn(|| (0..5).for_each(|_| top.refused("victim", T)));
+        });
+        let (ranked, _) = top.top(1, T);
+        let victim = ranked.iter().find(|r| r.key == "victim").expect("listed");
+        assert!(victim.counts.refused >= 6, "{victim:?}");
+        assert!(
+            victim.counts.refused - victim.counts.error <= 6,
+            "{victim:?}"
+        );
+    }
+
+    #[test]
     fn windows_hold_their_minutes_only() {
         let top = TopKeys::default();
         let minute = 60_000_000;
         top.refused("old", T - 20 * minute);
         top.refused("four", T - 4 * minute);
         top.refused("now", T);
+        top.refused("last", T - minute);
         let keys = |m| -> Vec<String> { top.top(m, T).0.into_iter().map(|r| r.key).collect() };
-        assert_eq!(keys(1), ["now"]);
-        assert_eq!(keys(5), ["four", "now"]);
-        assert_eq!(keys(15), ["four", "now"]);
+        // A window is its whole minutes and the one under way: a refusal a second before the
+        // minute turned is still in the last minute's.
+        assert_eq!(keys(1), ["last", "now"]);
+        assert_eq!(keys(5), ["four", "last", "now"]);
+        assert_eq!(keys(15), ["four", "last", "now"]);
     }
 }

@@ -357,7 +357,8 @@ fn the_script_and_the_rust_mirror_agree_step_for_step() {
 
 /// A bucket key that holds anything but a bucket (another program's value, a half-migrated format)
 /// must not make its client unlimited (fail-open) or refused forever (fail-closed): the script
-/// rewrites it as a full bucket, gives it a TTL, says so, and the limit holds from that request on.
+/// rewrites it as a full bucket, gives it a TTL, says so, and the limit holds from that request on;
+/// `lua/peek.lua` reads each as no bucket, as the decision does.
 #[test]
 fn a_key_that_holds_something_else_is_rewritten_and_the_limit_holds() {
     let p = per_second(3, 1);
@@ -397,6 +398,16 @@ fn a_key_that_holds_something_else_is_rewritten_and_the_limit_holds() {
             let _: () = s.redis.cmd(&["FLUSHALL"]);
             let mut c = s.redis.connection().unwrap();
             let _: redis::Value = poison.query(&mut c).unwrap();
+            // The admin API's read sees no bucket either (what the decision resets to full).
+            let peek: Vec<String> = redis::Script::new(ratelimit_proxy::limiter::redis::PEEK_LUA)
+                .key("k")
+                .arg(T0)
+                .invoke(&mut c)
+                .unwrap();
+            assert_eq!(
+                peek[0], "0",
+                "{format:?}, {poison:?}: peek.lua read {peek:?}"
+            );
             let Value::Array(reply) = s.raw(&["k"], Some(T0), &[p]) else {
                 panic!("{format:?}, {poison:?}: not an array")
             };

@@ -1,137 +1,12 @@
-//! The admin API's answers, as JSON: what an operator asks the running proxy when a customer
-//! writes "why am I getting 429s?". Read-only here; the admin listener serves them.
+//! Which buckets an admin call is about: the route, its limits, and the store key each would
+//! have for key values given as a client sends them; and the account of one bucket once read.
 
-use crate::config::{Config, KeySource, Route};
+use crate::config::{Config, KeySource};
 use crate::key::{Identity, KeyPlan};
 use crate::limiter::bucket::{peek, State};
 use crate::limiter::{BucketParams, Inspected};
-use crate::reload::LastReload;
 use serde_json::{json, Value};
 use std::net::IpAddr;
-
-/// `GET /v1/routes`: the compiled route table (what `--check` prints), in the order routes are
-/// tried, with the running file's hash and the last reload.
-pub fn routes(config: &Config, hash: &str, last: &LastReload) -> Value {
-    json!({
-        "config_hash": hash,
-        "last_reload": {
-            "at": last.at,
-            "result": last.result,
-            "error": last.error,
-        },
-        "store": if config.redis.is_some() { "redis" } else { "memory" },
-        "routes": config.routes.iter().map(route).collect::<Vec<_>>(),
-    })
-}
-
-fn route(r: &Route) -> Value {
-    json!({
-        "name": r.name,
-        "match": {
-            "path_prefix": r.path_prefix,
-            "host": r.host,
-            "methods": r.methods,
-        },
-        "upstreams": r.upstreams.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        "on_redis_error": r.on_redis_error.as_str(),
-        "shadow": r.shadow,
-        "deny_status": r.deny.status,
-        "limits": r.limits.iter().map(|l| json!({
-            "name": l.name,
-            "capacity": l.capacity,
-            "refill": l.refill.to_string(),
-            "cost": l.cost,
-            "key": l.key.iter().map(key_part).collect::<Vec<_>>(),
-            "on_missing_key": l.on_missing_key.as_str(),
-            "shadow": l.shadow || r.shadow,
-        })).collect::<Vec<_>>(),
-    })
-}
-
-/// A key part as the config spells it.
-fn key_part(k: &KeySource) -> String {
-    k.to_string()
-}
-
-/// `GET /v1/status`: what the status page shows, polled: every route's decisions so far by outcome
-/// (the page works out rates from two readings), the store (Redis: the breaker, and the decisions'
-/// p50 and p99 latency so far), the running config, and each TLS listener's expiry.
-pub fn status(
-    plan: &crate::plan::Plan,
-    config: (&Config, &str, &LastReload),
-    metrics: &crate::metrics::Metrics,
-    tls: &[(std::net::SocketAddr, i64)],
-) -> Value {
-    let (config, hash, last) = config;
-    let redis = config.redis.as_ref().map(|_| {
-        let q = metrics.redis_quantiles(&[0.5, 0.99]);
-        let ms = |i: usize| q.as_ref().map(|q| q[i] * 1000.0).filter(|v| v.is_finite());
-        json!({ "up": metrics.redis_up(), "p50_ms": ms(0), "p99_ms": ms(1) })
-    });
-    json!({
-        "config_hash": hash,
-        "last_reload": { "at": last.at, "result": last.result, "error": last.error },
-        "store": if config.redis.is_some() { "redis" } else { "memory" },
-        "redis": redis,
-        "tls": tls.iter().map(|(addr, left)| json!({
-            "listener": addr.to_string(),
-            "expires_in_s": left,
-        })).collect::<Vec<_>>(),
-        "routes": plan.routes.iter().map(|r| {
-            let totals: serde_json::Map<String, Value> = r
-                .counters
-                .totals()
-                .map(|(o, n)| (o.as_str().to_string(), json!(n)))
-                .collect();
-            json!({ "route": r.name, "limited": !r.limits.is_empty(), "decisions": totals })
-        }).collect::<Vec<_>>(),
-    })
-}
-
-/// `GET /v1/top`: each route's (or `route=`'s) most refused keys over `window=` (`1m`, `5m`, the
-/// default, or `15m`) up to `now_us`. An error is the 400's text.
-pub fn top(plan: &crate::plan::Plan, query: &str, now_us: u64) -> Result<Value, String> {
-    let params = query_pairs(query);
-    let get = |name: &str| {
-        params
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-    };
-    let window = get("window").unwrap_or_else(|| "5m".into());
-    let minutes = match window.as_str() {
-        "1m" => 1,
-        "5m" => 5,
-        "15m" => 15,
-        other => return Err(format!("window must be 1m, 5m or 15m, got {other:?}")),
-    };
-    let only = get("route");
-    if let Some(name) = &only {
-        if !plan.routes.iter().any(|r| &r.name == name) {
-            return Err(format!("no route is named {name:?}"));
-        }
-    }
-    let routes: Vec<Value> = plan
-        .routes
-        .iter()
-        .filter(|r| only.as_ref().is_none_or(|name| &r.name == name))
-        .filter(|r| !r.limits.is_empty())
-        .map(|r| {
-            let (ranked, refusals) = r.counters.top.top(minutes, now_us);
-            json!({
-                "route": r.name,
-                "refusals": refusals,
-                "keys": ranked.iter().map(|k| json!({
-                    "key": k.key,
-                    "refused": k.counts.refused,
-                    "allowed": k.counts.allowed,
-                    "error": k.counts.error,
-                })).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
-    Ok(json!({ "window": window, "routes": routes }))
-}
 
 /// One bucket an admin call is about: a limit of the route, and the store key that the key values
 /// in the query make, exactly as a client sending them would make it.
@@ -151,12 +26,7 @@ pub struct Target {
 /// (`client_ip=`, `header:X-Api-Key=`, `query:k=`, `path=`, `method=`). An error is the 400's text.
 pub fn targets(config: &Config, query: &str) -> Result<(String, Vec<Target>), String> {
     let params = query_pairs(query);
-    let get = |name: &str| {
-        params
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_slice())
-    };
+    let get = |name: &str| find(&params, name).map(|(_, v, _)| v.as_slice());
     let route_name = get("route")
         .and_then(|v| std::str::from_utf8(v).ok())
         .ok_or("route= is required: the name of a route")?;
@@ -185,7 +55,14 @@ pub fn targets(config: &Config, query: &str) -> Result<(String, Vec<Target>), St
         let mut missing = false;
         for part in &l.key {
             let name = part.to_string();
-            let value = get(&name).or_else(|| (l.key.len() == 1).then(|| get("key")).flatten());
+            let given = find(&params, &name)
+                .or_else(|| (l.key.len() == 1).then(|| find(&params, "key")).flatten());
+            // A query key part is the client's value as sent, percent-encoding and all; so is a
+            // path, before it is put in canonical form as the proxy does.
+            let value = given.map(|(_, decoded, raw)| match part {
+                KeySource::Query(_) | KeySource::Path => raw.as_bytes(),
+                _ => decoded.as_slice(),
+            });
             let text = match (part, value) {
                 (KeySource::Route, _) => None,
                 (_, None) | (_, Some([])) => {
@@ -200,6 +77,12 @@ pub fn targets(config: &Config, query: &str) -> Result<(String, Vec<Target>), St
                     let mut out = Vec::with_capacity(39);
                     crate::text::ip(&mut out, config.client.client(ip, std::iter::empty()));
                     Some(out)
+                }
+                (KeySource::Path, Some(v)) => {
+                    let canonical =
+                        crate::canonical::normalize_path(v, config.path_escaped_slashes)
+                            .map_err(|why| format!("{name}: {}", why.explain()))?;
+                    Some(canonical.as_bytes().to_vec())
                 }
                 (_, Some(v)) => Some(v.to_vec()),
             };
@@ -269,8 +152,17 @@ pub fn bucket(target: &Target, read: &Inspected) -> Value {
     })
 }
 
-/// `name=value` pairs of a query, percent-decoded (`+` stays: API keys carry it).
-fn query_pairs(query: &str) -> Vec<(String, Vec<u8>)> {
+/// The first pair named `name` (ignoring case).
+fn find<'p, 'q>(
+    params: &'p [(String, Vec<u8>, &'q str)],
+    name: &str,
+) -> Option<&'p (String, Vec<u8>, &'q str)> {
+    params.iter().find(|(k, _, _)| k.eq_ignore_ascii_case(name))
+}
+
+/// `name=value` pairs of a query: the name and the value percent-decoded (`+` stays: API keys
+/// carry it), and the value as written.
+pub(super) fn query_pairs(query: &str) -> Vec<(String, Vec<u8>, &str)> {
     query
         .split('&')
         .filter(|p| !p.is_empty())
@@ -279,6 +171,7 @@ fn query_pairs(query: &str) -> Vec<(String, Vec<u8>)> {
             (
                 String::from_utf8_lossy(&percent_decode(k)).into_owned(),
                 percent_decode(v),
+                v,
             )
         })
         .collect()
@@ -342,6 +235,24 @@ mod tests {
         let (_, t) = targets(&c, "route=one").unwrap();
         assert_eq!(t[0].store_key, "rl:{one:~}:k");
         assert_eq!(t[0].key_missing, Some("shared"));
+    }
+
+    #[test]
+    fn query_and_path_parts_are_taken_as_a_client_sends_them() {
+        let yaml = "listen: \"127.0.0.1:1\"\nroutes:\n  - name: q\n    upstream: \"h:1\"\n    limits:\n      \
+                    - { name: byq, capacity: 2, refill: \"1/h\", key: \"query:k\" }\n  \
+                    - name: p\n    upstream: \"h:1\"\n    limits: [{ name: byp, capacity: 2, refill: \"1/h\", key: path }]\n";
+        let c = Config::parse("t.yaml", yaml).unwrap();
+        // The raw value, %20 and all: what the proxy keys a request `?k=a%20b` on.
+        let (_, t) = targets(&c, "route=q&query:k=a%20b").unwrap();
+        let raw = sha1_smol::Sha1::from("a%20b").digest().to_string();
+        assert_eq!(t[0].store_key, format!("rl:{{q:#{raw}}}:byq"));
+        // A path in canonical form, as the proxy routes and keys it.
+        let (_, t) = targets(&c, "route=p&path=/a/./b/%7Ec").unwrap();
+        let (_, same) = targets(&c, "route=p&path=/a/b/~c").unwrap();
+        assert_eq!(t[0].store_key, same[0].store_key);
+        let canonical = sha1_smol::Sha1::from("/a/b/~c").digest().to_string();
+        assert_eq!(t[0].store_key, format!("rl:{{p:#{canonical}}}:byp"));
     }
 
     #[test]
