@@ -129,7 +129,12 @@ impl TopKeys {
     /// `key` was allowed at `now_us`: counted only if it is being tracked this minute.
     pub fn allowed(&self, key: &str, now_us: u64) {
         let mut shard = self.shard();
-        if let Some(c) = shard.at(minute(now_us)).counts.get_mut(key) {
+        let counts = &mut shard.at(minute(now_us)).counts;
+        // Most minutes refuse nobody: then no key is hashed at all.
+        if counts.is_empty() {
+            return;
+        }
+        if let Some(c) = counts.get_mut(key) {
             c.allowed += 1;
         }
     }
