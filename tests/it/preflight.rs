@@ -43,22 +43,11 @@ fn redis_lines(text: &str) -> Vec<&str> {
 /// An ACL user with every command the proxy needs but `missing`.
 fn user_without(redis: &RedisServer, name: &str, missing: &str) {
     let mut args = vec!["ACL", "SETUSER", name, "on", ">user-secret", "~rl:*"];
-    let commands = [
-        "+evalsha",
-        "+script|load",
-        "+ping",
-        "+hmget",
-        "+hset",
-        "+pexpire",
-        "+mget",
-        "+get",
-        "+set",
-        "+type",
-        "+time",
-        "+exists",
-        "+del",
-    ];
-    args.extend(commands.iter().filter(|c| **c != missing));
+    args.extend(
+        crate::support::redis::PROXY_ACL
+            .iter()
+            .filter(|c| **c != missing),
+    );
     let _: String = redis.cmd(&args);
 }
 

@@ -12,27 +12,16 @@ use std::process::Command;
 #[test]
 fn a_least_privilege_acl_user_with_its_password_from_the_environment() {
     let redis = RedisServer::start_with(&["--requirepass", "admin-secret"]);
-    let _: String = redis.cmd(&[
+    let mut acl = vec![
         "ACL",
         "SETUSER",
         "limiter",
         "on",
         ">limiter-secret",
         "~rl:*",
-        "+evalsha",
-        "+script|load",
-        "+ping",
-        "+hmget",
-        "+hset",
-        "+pexpire",
-        "+mget",
-        "+get",
-        "+set",
-        "+type",
-        "+time",
-        "+exists",
-        "+del",
-    ]);
+    ];
+    acl.extend(crate::support::redis::PROXY_ACL);
+    let _: String = redis.cmd(&acl);
     let upstream = Upstream::start();
     let config = |url: &str, format: &str| {
         format!(

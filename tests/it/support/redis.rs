@@ -188,3 +188,21 @@ impl Drop for RedisServer {
         self.kill();
     }
 }
+
+/// Every command the proxy runs (its own and its scripts'), as ACL rules: a least-privilege user
+/// for the tests that need one.
+pub const PROXY_ACL: [&str; 13] = [
+    "+evalsha",
+    "+script|load",
+    "+ping",
+    "+hmget",
+    "+hset",
+    "+pexpire",
+    "+mget",
+    "+get",
+    "+set",
+    "+type",
+    "+time",
+    "+exists",
+    "+del",
+];
