@@ -5,11 +5,12 @@
 //!
 //! The script runs for real, on a bucket of its own under the key prefix (`rl:{--check}:bucket`,
 //! which any ACL key pattern for the prefix covers): written in the configured format, read back
-//! in the other (a fleet upgrading its format runs both), and again with Redis `TIME` when the
-//! clock is Redis's. It refills in a microsecond and expires a second later.
+//! in the other (a fleet upgrading its format runs both), read by the admin API's `peek.lua`, and
+//! again with Redis `TIME` when the clock is Redis's. It refills in a microsecond and expires a
+//! second later.
 
 use crate::config::{ClockSource, RedisSettings, StateFormat};
-use crate::limiter::redis::{Topology, TOKEN_BUCKET_LUA};
+use crate::limiter::redis::{Topology, PEEK_LUA, TOKEN_BUCKET_LUA};
 use redis::{Cmd, ErrorKind, RedisError, Value};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -125,6 +126,21 @@ pub async fn check(redis: &RedisSettings, topology: &dyn Topology) -> Vec<Line> 
         &format!("EVALSHA, that bucket read as {other} writers read it"),
         read.map_err(|e| e.to_string()),
     );
+    let mut load = redis::cmd("SCRIPT");
+    load.arg("LOAD").arg(PEEK_LUA);
+    let peeked = match query(load).await {
+        Ok(Value::BulkString(peek)) => {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(String::from_utf8_lossy(&peek).as_ref())
+                .arg(1)
+                .arg(&key)
+                .arg(now_us().to_string());
+            query(cmd).await.map(drop).map_err(|e| e.to_string())
+        }
+        Ok(other) => Err(format!("SCRIPT LOAD replied {other:?}")),
+        Err(e) => Err(e.to_string()),
+    };
+    line("the admin API's bucket read (peek.lua)", peeked);
     if redis.clock == ClockSource::Redis {
         let timed = query(decide(format, "")).await.and_then(admitted);
         line(

@@ -57,10 +57,11 @@ fn every_check_passes_against_a_good_redis() {
     let (code, text) = preflight(&redis.url(), None, "redis");
     assert_eq!(code, 0, "{text}");
     let lines = redis_lines(&text);
-    assert_eq!(lines.len(), 6, "{text}");
+    assert_eq!(lines.len(), 7, "{text}");
     assert!(lines.iter().all(|l| l.ends_with(": ok")), "{text}");
     assert!(lines[3].contains("written as packed"), "{text}");
-    assert!(lines[5].contains("TIME"), "{text}");
+    assert!(lines[5].contains("peek.lua"), "{text}");
+    assert!(lines[6].contains("TIME"), "{text}");
 }
 
 #[test]
@@ -110,4 +111,19 @@ fn an_acl_user_without_time_fails_the_redis_clock_check() {
     );
     // With the proxy's clock, TIME is never needed.
     assert_eq!(preflight(&url, Some("user-secret"), "proxy").0, 0);
+}
+
+#[test]
+fn an_acl_user_without_pttl_fails_only_the_admin_read() {
+    let redis = RedisServer::start_with(&["--requirepass", "admin-secret"]);
+    user_without(&redis, "limiter", "+pttl");
+    let url = format!("{}?user=limiter", redis.url());
+    let (code, text) = preflight(&url, Some("user-secret"), "proxy");
+    assert_eq!(code, 2, "{text}");
+    let failed: Vec<&str> = redis_lines(&text)
+        .into_iter()
+        .filter(|l| l.contains("FAILED"))
+        .collect();
+    assert_eq!(failed.len(), 1, "{text}");
+    assert!(failed[0].contains("peek.lua"), "{text}");
 }

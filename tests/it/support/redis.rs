@@ -191,7 +191,7 @@ impl Drop for RedisServer {
 
 /// Every command the proxy runs (its own and its scripts'), as ACL rules: a least-privilege user
 /// for the tests that need one.
-pub const PROXY_ACL: [&str; 13] = [
+pub const PROXY_ACL: [&str; 14] = [
     "+evalsha",
     "+script|load",
     "+ping",
@@ -205,4 +205,5 @@ pub const PROXY_ACL: [&str; 13] = [
     "+time",
     "+exists",
     "+del",
+    "+pttl",
 ];
