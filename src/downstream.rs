@@ -250,13 +250,7 @@ impl<A> Connections<A> {
         let deadline = started + self.limits.header_timeout;
         let mut shutdown = shutdown.clone();
         while buf.len() < H2_PREFACE.len() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let read = tokio::select! {
-                biased;
-                _ = shutdown.changed() => return Err(NoHead::ShuttingDown),
-                read = pingora::time::timeout(left, conn.socket().read_buf(&mut buf)) => read,
-            };
-            match read {
+            match read_until(conn, &mut buf, deadline, &mut shutdown).await? {
                 // No HTTP/1.1 408 for an HTTP/2 client: closed, counted as a slow head.
                 Err(_) => return Err(NoHead::Slow(false)),
                 Ok(Ok(0)) | Ok(Err(_)) if buf.is_empty() => return Err(NoHead::Gone),
@@ -314,16 +308,7 @@ impl<A> Connections<A> {
             }
             from = head::resume_at(&buf);
             let until = deadline.unwrap_or(idle_until);
-            // Pingora's timeout, not tokio's: it makes a timer only if the read has to wait, and
-            // shares coarse ones instead of waking the runtime's timer driver for each (strace
-            // counted 0.3 more futex calls per request with tokio's).
-            let left = until.saturating_duration_since(Instant::now());
-            let read = tokio::select! {
-                biased;
-                _ = shutdown.changed() => return Err(NoHead::ShuttingDown),
-                read = pingora::time::timeout(left, conn.socket().read_buf(&mut buf)) => read,
-            };
-            match read {
+            match read_until(conn, &mut buf, until, &mut shutdown).await? {
                 Err(_) if deadline.is_none() => return Err(NoHead::Idle),
                 Err(_) => {
                     return Err(NoHead::Slow(
@@ -391,6 +376,24 @@ impl<A> Connections<A> {
             pingora::protocols::Shutdown::shutdown(&mut **socket),
         )
         .await;
+    }
+}
+
+/// One read of the client into `buf`, given up at `until` (`Err(_)` inside: timed out) or at
+/// shutdown. Pingora's timeout, not tokio's: it makes a timer only if the read has to wait, and
+/// shares coarse ones instead of waking the runtime's timer driver for each (strace counted 0.3
+/// more futex calls per request with tokio's).
+async fn read_until(
+    conn: &mut ClientConn,
+    buf: &mut BytesMut,
+    until: Instant,
+    shutdown: &mut ShutdownWatch,
+) -> Result<Result<std::io::Result<usize>, pingora::time::Elapsed>, NoHead> {
+    let left = until.saturating_duration_since(Instant::now());
+    tokio::select! {
+        biased;
+        _ = shutdown.changed() => Err(NoHead::ShuttingDown),
+        read = pingora::time::timeout(left, conn.socket().read_buf(buf)) => Ok(read),
     }
 }
 
