@@ -88,10 +88,7 @@ fn the_quick_start_config_limits_every_method() {
 /// listens on this host only.
 #[test]
 fn the_redis_example_limits_what_the_readme_sends() {
-    let out = std::process::Command::new(crate::support::proxy::BIN)
-        .args(["--config", "config/routes-redis.yaml", "--check"])
-        .output()
-        .unwrap();
+    let out = crate::support::proxy::check("config/routes-redis.yaml");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("api: any method any host /api/* -> 127.0.0.1:8000"),

@@ -78,17 +78,25 @@ fn a_wrong_password_fails_the_authenticated_check() {
     assert_eq!(lines.len(), 2, "nothing after a failed login: {text}");
 }
 
-#[test]
-fn an_acl_user_without_evalsha_fails_that_check() {
+/// `--check --redis` as an ACL user with every command the proxy needs but `missing`, under
+/// `clock`: the exit code, the lines that failed, and the whole output.
+fn as_user_without(missing: &str, clock: &str) -> (i32, Vec<String>, String) {
     let redis = RedisServer::start_with(&["--requirepass", "admin-secret"]);
-    user_without(&redis, "limiter", "+evalsha");
+    user_without(&redis, "limiter", missing);
     let url = format!("{}?user=limiter", redis.url());
-    let (code, text) = preflight(&url, Some("user-secret"), "proxy");
-    assert_eq!(code, 2, "{text}");
-    let failed: Vec<&str> = redis_lines(&text)
+    let (code, text) = preflight(&url, Some("user-secret"), clock);
+    let failed = redis_lines(&text)
         .into_iter()
         .filter(|l| l.contains("FAILED"))
+        .map(str::to_string)
         .collect();
+    (code, failed, text)
+}
+
+#[test]
+fn an_acl_user_without_evalsha_fails_that_check() {
+    let (code, failed, text) = as_user_without("+evalsha", "proxy");
+    assert_eq!(code, 2, "{text}");
     assert_eq!(failed.len(), 1, "{text}");
     assert!(failed[0].starts_with("redis EVALSHA"), "{text}");
     assert!(failed[0].to_lowercase().contains("evalsha"), "{text}");
@@ -96,34 +104,22 @@ fn an_acl_user_without_evalsha_fails_that_check() {
 
 #[test]
 fn an_acl_user_without_time_fails_the_redis_clock_check() {
-    let redis = RedisServer::start_with(&["--requirepass", "admin-secret"]);
-    user_without(&redis, "limiter", "+time");
-    let url = format!("{}?user=limiter", redis.url());
-    let (code, text) = preflight(&url, Some("user-secret"), "redis");
+    let (code, failed, text) = as_user_without("+time", "redis");
     assert_eq!(code, 2, "{text}");
-    let lines = redis_lines(&text);
+    assert_eq!(failed.len(), 1, "{text}");
     assert!(
-        lines
-            .last()
-            .unwrap()
-            .starts_with("redis clock: redis (TIME in the script): FAILED"),
+        failed[0].starts_with("redis clock: redis (TIME in the script): FAILED"),
         "{text}"
     );
     // With the proxy's clock, TIME is never needed.
-    assert_eq!(preflight(&url, Some("user-secret"), "proxy").0, 0);
+    let (code, failed, text) = as_user_without("+time", "proxy");
+    assert_eq!((code, failed.len()), (0, 0), "{text}");
 }
 
 #[test]
 fn an_acl_user_without_pttl_fails_only_the_admin_read() {
-    let redis = RedisServer::start_with(&["--requirepass", "admin-secret"]);
-    user_without(&redis, "limiter", "+pttl");
-    let url = format!("{}?user=limiter", redis.url());
-    let (code, text) = preflight(&url, Some("user-secret"), "proxy");
+    let (code, failed, text) = as_user_without("+pttl", "proxy");
     assert_eq!(code, 2, "{text}");
-    let failed: Vec<&str> = redis_lines(&text)
-        .into_iter()
-        .filter(|l| l.contains("FAILED"))
-        .collect();
     assert_eq!(failed.len(), 1, "{text}");
     assert!(failed[0].contains("peek.lua"), "{text}");
 }

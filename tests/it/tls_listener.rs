@@ -2,7 +2,7 @@
 //! counted as on cleartext, `X-Forwarded-Proto: https`, `--check` describing the certificate, and a
 //! bad pair refused with the field it came from.
 
-use crate::support::proxy::{Proxy, BIN};
+use crate::support::proxy::{check, Proxy};
 use crate::support::tls::{certificate_for, certificates};
 use crate::support::upstream::Upstream;
 use crate::support::wait_for;
@@ -150,12 +150,7 @@ fn check_describes_the_certificate_and_refuses_a_key_of_another() {
             .replace("{listen}", "127.0.0.1:8443")
             .replace("{admin}", "127.0.0.1:9091");
         std::fs::write(&file, yaml).unwrap();
-        let out = Command::new(BIN)
-            .arg("--config")
-            .arg(&file)
-            .arg("--check")
-            .output()
-            .unwrap();
+        let out = check(&file);
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).to_string(),
@@ -325,12 +320,7 @@ fn the_shipped_tls_example_is_valid_with_its_files_in_place() {
         example.replace("/etc/ratelimit/tls/", &format!("{}/", dir.path().display())),
     )
     .unwrap();
-    let out = Command::new(BIN)
-        .arg("--config")
-        .arg(&config)
-        .arg("--check")
-        .output()
-        .unwrap();
+    let out = check(&config);
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
@@ -408,12 +398,7 @@ fn certificates_are_chosen_by_the_name_the_client_asks_for() {
         served_subject(dir.path(), port, "other.test"),
         ("CN=localhost".to_string(), false)
     );
-    let out = Command::new(BIN)
-        .arg("--config")
-        .arg(proxy.config_path())
-        .arg("--check")
-        .output()
-        .unwrap();
+    let out = check(proxy.config_path());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("TLS for api.test, expires"), "{text}");
     assert!(text.contains("TLS for *.apps.test, expires"), "{text}");

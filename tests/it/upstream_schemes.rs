@@ -3,12 +3,11 @@
 //! cannot verify (system roots, wrong SNI) gets 502 with nothing reaching it; `--check` refuses a
 //! bad scheme, misplaced `upstream_tls` and an unusable CA file, naming the field.
 
-use crate::support::proxy::{Proxy, BIN};
+use crate::support::proxy::Proxy;
 use crate::support::tls::certificates;
 use crate::support::upstream::Upstream;
 use crate::support::wait_for;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 use tempfile::TempDir;
 
@@ -124,12 +123,7 @@ fn check(dir: &Path, yaml: &str) -> (Option<i32>, String) {
             .replace("{admin}", "127.0.0.1:9091"),
     )
     .unwrap();
-    let out = Command::new(BIN)
-        .arg("--config")
-        .arg(&file)
-        .arg("--check")
-        .output()
-        .unwrap();
+    let out = crate::support::proxy::check(&file);
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).to_string(),

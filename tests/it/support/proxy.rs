@@ -11,6 +11,16 @@ use tempfile::TempDir;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_ratelimit-proxy");
 
+/// `ratelimit-proxy --config <config> --check`, run to its end.
+pub fn check(config: impl AsRef<std::path::Path>) -> std::process::Output {
+    Command::new(BIN)
+        .arg("--config")
+        .arg(config.as_ref())
+        .arg("--check")
+        .output()
+        .expect("run ratelimit-proxy --check")
+}
+
 pub struct Proxy {
     child: Option<Child>,
     dir: TempDir,
