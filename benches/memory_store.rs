@@ -17,6 +17,7 @@ const PARAMS: BucketParams = BucketParams {
     scale: 1,
     num: 1,
     cost: 1,
+    period: None,
 };
 const RUN: Duration = Duration::from_millis(1500);
 
@@ -78,6 +79,7 @@ fn memory_per_bucket() -> f64 {
         scale: 1_000_000,
         num: 1,
         cost: 1,
+        period: None,
     };
     for i in 0..N {
         let key = format!("rl:{{api:10.{}.{}.{}}}:l", i >> 16, (i >> 8) & 255, i & 255);

@@ -14,15 +14,19 @@
 --          seen), then for each of them, 1 to m:
 --          capacity  whole tokens the bucket holds (the burst)
 --          scale     units per token
---          num       units the bucket gains per microsecond (the rate is num/scale tokens per µs)
+--          num       units the bucket gains per microsecond (the rate is num/scale tokens per µs),
+--                    or a quota's period: "day", "week" (ISO, from Monday) or "month". A quota
+--                    (scale 1) does not refill: it is whole again once `now` is in a later
+--                    period (UTC) than the instant it was written at.
 --          cost      whole tokens a request takes
 -- Then, for each request in turn:
 --          n         how many limits it has; its buckets are the next n KEYS
 --          and n limit numbers (1 to m), one per bucket
 -- KEYS     every request's buckets, in order. On a Redis Cluster all of them share one slot.
 --
--- Reply: for each request in turn { allowed, then for each of its limits: held, lag_us, bad },
--- one flat list of integers:
+-- Reply: `now` (the instant every request was decided at: a quota's boundary depends on it), then
+-- for each request in turn { allowed, then for each of its limits: held, lag_us, bad }, one flat
+-- list of integers:
 --   allowed    1 when every bucket had `cost` tokens and all were taken, 0 when none was taken
 --   held       units the bucket holds: after this request when allowed, refilled but untouched when not
 --   lag_us     how far the bucket's instant is ahead of `now` (0 unless another proxy's clock runs
@@ -83,14 +87,65 @@ end
 -- The limits, in units: read once per batch, however many requests draw on them.
 local packed = ARGV[2] == 'packed'
 local m = tonumber(ARGV[3])
-local cap, scale, scale_text, num, cost = {}, {}, {}, {}, {}
+local cap, scale, scale_text, num, period, cost = {}, {}, {}, {}, {}, {}
 for j = 1, m do
   local a = 4 + 4 * (j - 1)
   scale_text[j] = ARGV[a + 1]
   scale[j] = tonumber(ARGV[a + 1])
   cap[j] = tonumber(ARGV[a]) * scale[j]
   num[j] = tonumber(ARGV[a + 2])
+  if not num[j] then
+    period[j] = ARGV[a + 2]
+    if period[j] ~= 'day' and period[j] ~= 'week' and period[j] ~= 'month' then
+      return redis.error_reply('unknown refill ' .. period[j])
+    end
+  end
   cost[j] = tonumber(ARGV[a + 3]) * scale[j]
+end
+
+-- Calendar periods in UTC, as src/calendar.rs computes them (Howard Hinnant's civil-date
+-- algorithms; every step an exact integer in a double).
+local DAY = 86400000000
+local floor = math.floor
+local function days_from_civil(y, mo, d)
+  if mo <= 2 then
+    y = y - 1
+  end
+  local era = floor(y / 400)
+  local yoe = y - era * 400
+  local mp = mo > 2 and mo - 3 or mo + 9
+  local doy = floor((153 * mp + 2) / 5) + d - 1
+  return era * 146097 + yoe * 365 + floor(yoe / 4) - floor(yoe / 100) + doy - 719468
+end
+local function civil_month(day)
+  local z = day + 719468
+  local era = floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = floor((doe - floor(doe / 1460) + floor(doe / 36524) - floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + floor(yoe / 4) - floor(yoe / 100))
+  local mp = floor((5 * doy + 2) / 153)
+  local mo = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400
+  if mo <= 2 then
+    y = y + 1
+  end
+  return y, mo
+end
+-- The first microsecond of the period holding `t` (next = 0), or of the one after it (next = 1).
+local function boundary(per, t, next)
+  local day = floor(t / DAY)
+  if per == 'day' then
+    return (day + next) * DAY
+  elseif per == 'week' then
+    -- 1970-01-01 was a Thursday; a week cut by the epoch starts there.
+    return math.max(0, day - (day + 3) % 7 + 7 * next) * DAY
+  end
+  local y, mo = civil_month(day)
+  mo = mo + next
+  if mo > 12 then
+    y, mo = y + 1, 1
+  end
+  return days_from_civil(y, mo, 1) * DAY
 end
 
 -- Each request's small numbers (its limit count and limit numbers), converted once per text.
@@ -238,11 +293,17 @@ local function refill(key, j)
   if now > at then
     local missing = cap[j] - held
     if missing > 0 then
-      local gained = (now - at) * num[j]
-      if gained >= missing then
-        held = cap[j]
+      if period[j] then
+        if boundary(period[j], now, 0) > at then
+          held = cap[j]
+        end
       else
-        held = held + gained
+        local gained = (now - at) * num[j]
+        if gained >= missing then
+          held = cap[j]
+        else
+          held = held + gained
+        end
       end
     end
     at = now
@@ -254,11 +315,18 @@ local function refill(key, j)
 end
 
 -- Writes the bucket at `key`, which now holds `held` units at instant `at` under limit j, with an
--- expiry no earlier than the bucket would be full again: a key that vanishes early reads as a
--- full bucket, which is over-admission. The second of margin covers proxy-clock skew. Numbers go
--- to Redis as exact integers ('%d'; below 2^53 Redis prints them in full too).
+-- expiry no earlier than the bucket would be full again (a quota: its period's end): a key that
+-- vanishes early reads as a full bucket, which is over-admission. The second of margin covers
+-- proxy-clock skew. Numbers go to Redis as exact integers ('%d'; below 2^53 Redis prints them in
+-- full too).
 local function write(key, j, held, at, same, kind)
-  local ms = string.format('%d', math.ceil(math.ceil((cap[j] - held) / num[j]) / 1000) + 1000)
+  local us
+  if period[j] then
+    us = boundary(period[j], at, 1) - now
+  else
+    us = math.ceil((cap[j] - held) / num[j])
+  end
+  local ms = string.format('%d', math.ceil(us / 1000) + 1000)
   if packed then
     redis.call('SET', key, pack('<ddd', held, at, scale[j]), 'PX', ms)
     known_v[key], known_t[key], known_s[key], known_kind[key] = held, at, scale[j], 'packed'
@@ -276,8 +344,8 @@ local function write(key, j, held, at, same, kind)
   redis.call('PEXPIRE', key, ms)
 end
 
-local reply = {}
-local r = 0
+local reply = { now }
+local r = 1
 local k = 0
 local a = 4 + 4 * m
 local args = #ARGV

@@ -35,6 +35,7 @@ pub async fn refusal(session: &mut Session, route: &RoutePlan, verdict: Verdict)
                 route: &route.name,
                 violated: vec![route.headers.limit_name(i)],
                 retry_after: None,
+                resets_at: None,
             };
             refuse(session, route, Vec::new(), &why).await
         }
@@ -66,6 +67,7 @@ async fn refusal_grpc(session: &mut Session, route: &RoutePlan, verdict: Verdict
                 route: &route.name,
                 violated: vec![route.headers.limit_name(i)],
                 retry_after: None,
+                resets_at: None,
             };
             (
                 grpc::RESOURCE_EXHAUSTED,

@@ -29,10 +29,9 @@ pub fn route_table(config: &Config) -> String {
             };
             let _ = writeln!(
                 out,
-                "       limit {}: {} tokens, refill {}, cost {}, per {}{}{}",
+                "       limit {}: {}, cost {}, per {}{}{}",
                 l.name,
-                l.capacity,
-                l.refill,
+                l.allowance,
                 l.cost,
                 key.join(" + "),
                 if l.key == [KeySource::Route] {

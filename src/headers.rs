@@ -5,7 +5,9 @@
 //! route; `RateLimit` reports the binding one, see `Decision::binding`). Fail-open responses carry
 //! none of them: the proxy does not know the state then.
 
-use crate::config::{DenyFormat, Route};
+use crate::calendar::{self, Period};
+use crate::clock::{Clock, SystemClock};
+use crate::config::{Allowance, DenyFormat, Route};
 use crate::limiter::Decision;
 use crate::text;
 use http::HeaderValue;
@@ -29,7 +31,12 @@ pub const MOST: usize = 6;
 pub struct RouteHeaders {
     names: Vec<String>,
     capacities: Vec<u64>,
+    /// Each limit's quota period, for a quota.
+    periods: Vec<Option<Period>>,
     policy: Option<HeaderValue>,
+    /// The enforced limits, when one is a monthly quota: the policy's `w` is then the length of
+    /// the month under way, rendered per response.
+    monthly: Option<Vec<(String, Allowance)>>,
 }
 
 impl RouteHeaders {
@@ -40,25 +47,36 @@ impl RouteHeaders {
             .iter()
             .filter(|l| !l.shadow && !route.shadow)
             .collect();
-        let policy = enforced
+        let listed: Vec<(String, Allowance)> = enforced
             .iter()
-            .map(|l| {
-                format!(
-                    "\"{}\";q={};w={}",
-                    l.name,
-                    l.capacity,
-                    secs_ceil(l.refill.fill_us(l.capacity))
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
+            .map(|l| (l.name.clone(), l.allowance))
+            .collect();
+        let monthly = listed.iter().any(|(_, a)| {
+            matches!(
+                a,
+                Allowance::Quota {
+                    period: Period::Month,
+                    ..
+                }
+            )
+        });
         RouteHeaders {
             names: route.limits.iter().map(|l| l.name.clone()).collect(),
-            capacities: route.limits.iter().map(|l| l.capacity).collect(),
-            // Names are [A-Za-z0-9_-], so the value is always a valid header value.
-            policy: HeaderValue::try_from(policy)
-                .ok()
-                .filter(|_| !enforced.is_empty()),
+            capacities: route
+                .limits
+                .iter()
+                .map(|l| l.allowance.capacity())
+                .collect(),
+            periods: route
+                .limits
+                .iter()
+                .map(|l| match l.allowance {
+                    Allowance::Quota { period, .. } => Some(period),
+                    Allowance::Bucket { .. } => None,
+                })
+                .collect(),
+            policy: policy(&listed, SystemClock.now_us()),
+            monthly: monthly.then_some(listed),
         }
     }
 
@@ -91,8 +109,17 @@ impl RouteHeaders {
             X_RATELIMIT_RESET,
             HeaderValue::from(secs_ceil(state.reset_us)),
         );
-        if let Some(policy) = &self.policy {
-            put(RATELIMIT_POLICY, policy.clone());
+        match &self.monthly {
+            Some(listed) => {
+                if let Some(p) = policy(listed, SystemClock.now_us()) {
+                    put(RATELIMIT_POLICY, p);
+                }
+            }
+            None => {
+                if let Some(p) = &self.policy {
+                    put(RATELIMIT_POLICY, p.clone());
+                }
+            }
         }
         if let Ok(v) = HeaderValue::from_maybe_shared(self.ratelimit(i, state.remaining, t)) {
             put(RATELIMIT, v);
@@ -135,14 +162,43 @@ impl RouteHeaders {
             .filter(|(l, _)| !l.ok)
             .map(|(_, &i)| self.limit_name(i))
             .collect();
+        // A refused quota says when it is whole again: its period's boundary, which the wait
+        // reaches (rounded to the boundary: the store's clock and this one differ slightly).
+        let resets_at = decision
+            .limits
+            .iter()
+            .zip(limits)
+            .filter(|(l, _)| !l.ok)
+            .filter_map(|(l, &i)| {
+                let period = self.periods[i]?;
+                Some(period.start(SystemClock.now_us() + l.wait_us + 500_000) / 1_000_000)
+            })
+            .max();
         let why = Refusal {
             status,
             route,
             violated,
             retry_after: Some(retry_after_secs(decision)),
+            resets_at,
         };
         (extra, why)
     }
+}
+
+/// `RateLimit-Policy` for `listed` limits at `now_us`: `"name";q=<capacity>;w=<window>`, where
+/// the window is the time to refill an empty bucket or the quota period's length. `None` when no
+/// limit is listed.
+fn policy(listed: &[(String, Allowance)], now_us: u64) -> Option<HeaderValue> {
+    if listed.is_empty() {
+        return None;
+    }
+    let text = listed
+        .iter()
+        .map(|(name, a)| format!("\"{name}\";q={};w={}", a.capacity(), a.window_secs(now_us)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    // Names are [A-Za-z0-9_-], so the value is always a valid header value.
+    HeaderValue::try_from(text).ok()
 }
 
 /// `Retry-After` of a rejection: whole seconds, rounded up, at least 1 (0 would invite a retry
@@ -158,6 +214,8 @@ pub struct Refusal<'a> {
     pub route: &'a str,
     pub violated: Vec<&'a str>,
     pub retry_after: Option<u64>,
+    /// When a refused quota is whole again (Unix seconds, a period boundary).
+    pub resets_at: Option<u64>,
 }
 
 /// The IETF problem type for an exhausted quota (draft-ietf-httpapi-ratelimit-headers).
@@ -216,10 +274,27 @@ pub fn refusal_detail(why: &Refusal<'_>) -> String {
             detail.push_str("\" is exhausted; retry in ");
             detail.push_str(text::decimal_str(s, &mut [0; 20]));
             detail.push_str(" s");
+            if let Some(at) = why.resets_at {
+                detail.push_str(" (the quota is whole again at ");
+                detail.push_str(&utc(at));
+                detail.push(')');
+            }
         }
         None => detail.push_str("\" needs a key this request does not carry"),
     }
     detail
+}
+
+/// Unix seconds as `2027-01-01T00:00:00Z`.
+fn utc(secs: u64) -> String {
+    let (y, m, d) = calendar::civil_from_days(secs / 86_400);
+    let s = secs % 86_400;
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        s / 3600,
+        s / 60 % 60,
+        s % 60
+    )
 }
 
 fn secs_ceil(us: u64) -> u64 {
@@ -263,6 +338,7 @@ mod tests {
             route: "api",
             violated,
             retry_after,
+            resets_at: None,
         };
         let text = |w: &Refusal<'_>| refusal_body(&DenyFormat::Text, w);
         assert_eq!(

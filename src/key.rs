@@ -10,7 +10,7 @@
 //! value that is absent or empty maps to `~`, the limit's shared "missing" bucket; neither `~` nor
 //! the `#` of a hashed value can be a raw value, so no client can aim at those buckets.
 
-use crate::config::{KeySource, Route};
+use crate::config::{Allowance, KeySource, Route};
 
 /// Raw values longer than this are hashed.
 const MAX_RAW: usize = 64;
@@ -42,7 +42,16 @@ impl KeyPlan {
         KeyPlan {
             head: format!("{prefix}:{{{}", route.name),
             value_in_tag,
-            limits: route.limits.iter().map(|l| l.name.clone()).collect(),
+            // A quota's keys are its own (`monthly@quota`): its state carries over a reload that
+            // keeps its name and kind, never into a bucket of that name or out of one.
+            limits: route
+                .limits
+                .iter()
+                .map(|l| match l.allowance {
+                    Allowance::Bucket { .. } => l.name.clone(),
+                    Allowance::Quota { .. } => format!("{}@quota", l.name),
+                })
+                .collect(),
         }
     }
 
@@ -167,5 +176,17 @@ mod tests {
             "rl:{api:10.0.0.1|~}:k"
         );
         assert_eq!(plan.key(0, &[Identity::Value(b"/a/b")]), "rl:{api:/a/b}:k");
+    }
+
+    #[test]
+    fn a_quota_keeps_keys_of_its_own() {
+        let plan = KeyPlan::new(
+            "rl",
+            &route("[{name: m, quota: {amount: 5, period: month}, key: \"header:X-Api-Key\"}]"),
+        );
+        assert_eq!(
+            plan.key(0, &[Identity::Value(b"sk_1")]),
+            "rl:{api:sk_1}:m@quota"
+        );
     }
 }

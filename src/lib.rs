@@ -25,6 +25,7 @@ pub mod words;
 pub mod admin;
 pub mod answer;
 pub mod bind;
+pub mod calendar;
 pub mod canonical;
 pub mod client;
 pub mod client_conn;

@@ -4,8 +4,8 @@
 
 use crate::client::ClientIdentity;
 use crate::config::{
-    Allow, Config, DenyResponse, DuplicateKeyHeader, EscapedSlashes, FailMode, HealthCheck,
-    KeySource, MissingKey, Route, UpstreamTimeouts,
+    Allow, Allowance, Config, DenyResponse, DuplicateKeyHeader, EscapedSlashes, FailMode,
+    HealthCheck, KeySource, Limit, MissingKey, Route, UpstreamTimeouts,
 };
 use crate::headers::RouteHeaders;
 use crate::key::KeyPlan;
@@ -130,12 +130,7 @@ impl Plan {
                         .limits
                         .iter()
                         .map(|l| {
-                            let params = BucketParams {
-                                capacity: l.capacity,
-                                scale: l.refill.scale(),
-                                num: l.refill.num(),
-                                cost: l.cost,
-                            };
+                            let params = bucket_params(l);
                             LimitPlan {
                                 key: l.key.clone(),
                                 on_missing_key: l.on_missing_key,
@@ -187,12 +182,29 @@ fn single_headers(route: &Route) -> Vec<String> {
     names
 }
 
+/// The arithmetic's numbers for limit `l`.
+pub fn bucket_params(l: &Limit) -> BucketParams {
+    match l.allowance {
+        Allowance::Bucket { capacity, refill } => BucketParams {
+            capacity,
+            scale: refill.scale(),
+            num: refill.num(),
+            cost: l.cost,
+            period: None,
+        },
+        Allowance::Quota { amount, period } => BucketParams::quota(amount, period, l.cost),
+    }
+}
+
 /// One proxy's share of a limit: capacity and rate divided by `fleet` (the rate exactly, by
-/// scaling a token up), never below the cost of one request.
+/// scaling a token up; a quota's amount), never below the cost of one request.
 fn local_share(p: BucketParams, fleet: u64) -> BucketParams {
     BucketParams {
         capacity: (p.capacity / fleet).max(p.cost),
-        scale: p.scale * fleet,
+        scale: match p.period {
+            None => p.scale * fleet,
+            Some(_) => p.scale,
+        },
         ..p
     }
 }
@@ -208,6 +220,7 @@ mod tests {
             scale: 100_000,
             num: 1,
             cost: 2,
+            period: None,
         };
         let share = local_share(p, 4);
         assert_eq!(share.capacity, 25);

@@ -154,7 +154,8 @@ pub async fn check(redis: &RedisSettings, topology: &dyn Topology) -> Vec<Line> 
 /// The script's reply to one request: admitted, with a full bucket each time.
 fn admitted(reply: Value) -> Result<(), RedisError> {
     let values: Vec<i64> = redis::from_redis_value(reply)?;
-    match values.first() {
+    // After the call's `now`: the request's `allowed`.
+    match values.get(1) {
         Some(1) => Ok(()),
         _ => Err(RedisError::from((
             ErrorKind::Client,

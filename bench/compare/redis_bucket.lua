@@ -90,7 +90,7 @@ function M.allowed(key, capacity, scale, num, cost, redis_port)
     ngx.log(ngx.ERR, "redis: ", err)
     return true
   end
-  return reply[1] == 1
+  return reply[2] == 1
 end
 
 return M

@@ -14,8 +14,10 @@ mod validate;
 pub use error::{ConfigError, Problem};
 pub use rate::{Rate, EXACT_LIMIT};
 
+pub use crate::calendar::Period;
 pub use crate::canonical::EscapedSlashes;
 pub use crate::client::{Cidr, ClientIdentity};
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -315,8 +317,7 @@ pub enum DenyFormat {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limit {
     pub name: String,
-    pub capacity: u64,
-    pub refill: Rate,
+    pub allowance: Allowance,
     /// The parts of the client's identity, in order; `[Route]` alone is one bucket for all.
     pub key: Vec<KeySource>,
     pub on_missing_key: MissingKey,
@@ -324,6 +325,55 @@ pub struct Limit {
     /// Evaluated and counted, never enforced.
     pub shadow: bool,
     pub cost: u64,
+}
+
+/// How much a limit lets through, and how it comes back.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Allowance {
+    /// A token bucket: `capacity` tokens (the burst), refilled continuously at `refill`.
+    Bucket { capacity: u64, refill: Rate },
+    /// `amount` per calendar period, whole again at each of its UTC boundaries.
+    Quota { amount: u64, period: Period },
+}
+
+impl Allowance {
+    /// The most one key can spend at once: the `q` of `RateLimit-Policy`.
+    pub fn capacity(&self) -> u64 {
+        match *self {
+            Allowance::Bucket { capacity, .. } => capacity,
+            Allowance::Quota { amount, .. } => amount,
+        }
+    }
+
+    /// The word `--check` and the admin API use for the kind of limit.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Allowance::Bucket { .. } => "bucket",
+            Allowance::Quota { .. } => "quota",
+        }
+    }
+
+    /// The window of `RateLimit-Policy` at `now_us`, in seconds: the time to refill an empty
+    /// bucket, or the length of the quota's period (a month's varies).
+    pub fn window_secs(&self, now_us: u64) -> u64 {
+        match *self {
+            Allowance::Bucket { capacity, refill } => refill.fill_us(capacity).div_ceil(1_000_000),
+            Allowance::Quota { period, .. } => period.length_secs(now_us),
+        }
+    }
+}
+
+impl fmt::Display for Allowance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Allowance::Bucket { capacity, refill } => {
+                write!(f, "{capacity} tokens, refill {refill}")
+            }
+            Allowance::Quota { amount, period } => {
+                write!(f, "quota {amount} per {} (UTC)", period.as_str())
+            }
+        }
+    }
 }
 
 words! {

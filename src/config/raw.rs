@@ -171,9 +171,17 @@ pub(super) struct RawLimit {
     pub name: Option<String>,
     pub capacity: Option<u64>,
     pub refill: Option<String>,
+    pub quota: Option<RawQuota>,
     pub key: Option<OneOrMany>,
     pub on_missing_key: Option<String>,
     pub on_duplicate_key_header: Option<String>,
     pub shadow: Option<bool>,
     pub cost: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawQuota {
+    pub amount: Option<u64>,
+    pub period: Option<String>,
 }

@@ -5,7 +5,7 @@ mod target;
 
 pub use target::{bucket, targets, Target};
 
-use crate::config::{Config, KeySource, Route};
+use crate::config::{Allowance, Config, KeySource, Route};
 use crate::reload::LastReload;
 use serde_json::{json, Value};
 use target::query_pairs;
@@ -39,8 +39,16 @@ fn route(r: &Route) -> Value {
         "deny_status": r.deny.status,
         "limits": r.limits.iter().map(|l| json!({
             "name": l.name,
-            "capacity": l.capacity,
-            "refill": l.refill.to_string(),
+            "kind": l.allowance.kind(),
+            "capacity": l.allowance.capacity(),
+            "refill": match l.allowance {
+                Allowance::Bucket { refill, .. } => Some(refill.to_string()),
+                Allowance::Quota { .. } => None,
+            },
+            "period": match l.allowance {
+                Allowance::Quota { period, .. } => Some(period.as_str()),
+                Allowance::Bucket { .. } => None,
+            },
             "cost": l.cost,
             "key": l.key.iter().map(key_part).collect::<Vec<_>>(),
             "on_missing_key": l.on_missing_key.as_str(),

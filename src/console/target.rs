@@ -1,10 +1,11 @@
 //! Which buckets an admin call is about: the route, its limits, and the store key each would
 //! have for key values given as a client sends them; and the account of one bucket once read.
 
-use crate::config::{Config, KeySource};
+use crate::config::{Allowance, Config, KeySource};
 use crate::key::{Identity, KeyPlan};
-use crate::limiter::bucket::{peek, State};
+use crate::limiter::bucket::{peek, report, State};
 use crate::limiter::{BucketParams, Inspected};
+use crate::plan;
 use serde_json::{json, Value};
 use std::net::IpAddr;
 
@@ -15,7 +16,10 @@ pub struct Target {
     pub limit: String,
     pub store_key: String,
     pub params: BucketParams,
-    pub refill: String,
+    /// A bucket's refill rate, as configured.
+    pub refill: Option<String>,
+    /// A quota's period.
+    pub period: Option<&'static str>,
     /// When a key part was not given: the limit's `on_missing_key` (the shared "missing" bucket
     /// is the one shown).
     pub key_missing: Option<&'static str>,
@@ -101,13 +105,15 @@ pub fn targets(config: &Config, query: &str) -> Result<(String, Vec<Target>), St
         targets.push(Target {
             limit: l.name.clone(),
             store_key: keys.key(i, &parts),
-            params: BucketParams {
-                capacity: l.capacity,
-                scale: l.refill.scale(),
-                num: l.refill.num(),
-                cost: l.cost,
+            params: plan::bucket_params(l),
+            refill: match l.allowance {
+                Allowance::Bucket { refill, .. } => Some(refill.to_string()),
+                Allowance::Quota { .. } => None,
             },
-            refill: l.refill.to_string(),
+            period: match l.allowance {
+                Allowance::Quota { period, .. } => Some(period.as_str()),
+                Allowance::Bucket { .. } => None,
+            },
             key_missing: missing.then(|| l.on_missing_key.as_str()),
         });
     }
@@ -123,17 +129,17 @@ pub fn bucket(target: &Target, read: &Inspected) -> Value {
         t: read.now_us,
         scale: p.scale,
     });
-    let held = peek(read.now_us, &[*p], &[state])
+    let now = read.now_us;
+    let refilled = peek(now, &[*p], &[state])
         .limits
         .first()
-        .map_or(cap, |l| l.held);
+        .map_or(state, |l| l.state(now, p.scale));
+    // As an admitted request would be told: until full, and until the next whole token (a
+    // quota's boundary).
+    let account = report(now, p, &refilled, true);
+    let held = account.held;
     let whole = held / p.scale;
-    let to_full = cap.saturating_sub(held).div_ceil(p.num);
-    let to_next = if held < cap {
-        ((whole + 1) * p.scale - held).div_ceil(p.num)
-    } else {
-        0
-    };
+    let (to_full, to_next) = (account.reset_us, account.wait_us);
     json!({
         "limit": target.limit,
         "store_key": target.store_key,
@@ -144,6 +150,7 @@ pub fn bucket(target: &Target, read: &Inspected) -> Value {
         "units_per_token": p.scale,
         "capacity": p.capacity,
         "refill": target.refill,
+        "period": target.period,
         "cost": p.cost,
         "seconds_to_full": to_full as f64 / 1e6,
         "seconds_to_next_token": to_next as f64 / 1e6,

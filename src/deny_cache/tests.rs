@@ -9,6 +9,7 @@ const P: BucketParams = BucketParams {
     scale: 1_000_000,
     num: 1,
     cost: 1,
+    period: None,
 };
 
 /// What the store answers for one bucket of `P` holding `held` units.

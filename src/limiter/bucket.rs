@@ -18,7 +18,7 @@ impl State {
     /// The microsecond at which this bucket is full again: from then on it is the same as no state
     /// at all, so it may be forgotten (Redis: PEXPIRE).
     pub fn full_at(&self, p: &BucketParams) -> u64 {
-        self.t + (p.capacity * p.scale - self.rescaled(p)).div_ceil(p.num)
+        self.t + until(p, self.t, self.rescaled(p), p.capacity * p.scale)
     }
 
     /// `v` in `p`'s units: the tokens held carry over a limit change, rounded down, and never
@@ -35,6 +35,18 @@ impl State {
     }
 }
 
+/// Microseconds from instant `t`, when the bucket holds `held` units, until it holds `want`: at
+/// the refill's pace, or at the next boundary for a quota (which is whole again then).
+fn until(p: &BucketParams, t: u64, held: u64, want: u64) -> u64 {
+    if held >= want {
+        return 0;
+    }
+    match p.period {
+        None => (want - held).div_ceil(p.num),
+        Some(period) => period.end(t) - t,
+    }
+}
+
 /// `s` refilled up to `now`, in `p`'s units. A clock behind the stored instant refills nothing and
 /// never moves `t` back (another proxy's clock was ahead), so skew cannot credit an interval twice.
 fn refill(now: u64, p: &BucketParams, s: Option<State>) -> State {
@@ -42,13 +54,19 @@ fn refill(now: u64, p: &BucketParams, s: Option<State>) -> State {
     let (mut held, mut at) = s.map_or((cap, now), |s| (s.rescaled(p), s.t));
     if now > at {
         let missing = cap.saturating_sub(held);
-        if missing > 0 {
-            let gained = u128::from(now - at) * u128::from(p.num);
-            held = if gained >= u128::from(missing) {
-                cap
-            } else {
-                held + gained as u64
-            };
+        match p.period {
+            // A quota is whole again once `now` is in a later period than its instant.
+            Some(period) if missing > 0 && period.start(now) > at => held = cap,
+            Some(_) => {}
+            None if missing > 0 => {
+                let gained = u128::from(now - at) * u128::from(p.num);
+                held = if gained >= u128::from(missing) {
+                    cap
+                } else {
+                    held + gained as u64
+                };
+            }
+            None => {}
         }
         at = now;
     }
@@ -65,17 +83,24 @@ pub fn report(now: u64, p: &BucketParams, s: &State, ok: bool) -> LimitState {
     let cap = p.capacity * p.scale;
     let cost = p.cost * p.scale;
     let whole = s.v / p.scale;
+    // From `now` until the bucket holds `want` units.
+    let wait = |want: u64| match p.period {
+        None => want.saturating_sub(s.v).div_ceil(p.num),
+        // The boundary after the bucket's instant, which is ahead of `now` under skew.
+        Some(period) if s.v < want => period.end(s.t.max(now)) - now,
+        Some(_) => 0,
+    };
     let wait_us = if !ok {
-        cost.saturating_sub(s.v).div_ceil(p.num)
+        wait(cost)
     } else if s.v < cap {
-        ((whole + 1) * p.scale - s.v).div_ceil(p.num)
+        wait((whole + 1) * p.scale)
     } else {
         0
     };
     LimitState {
         ok,
         remaining: whole,
-        reset_us: cap.saturating_sub(s.v).div_ceil(p.num),
+        reset_us: wait(cap),
         wait_us,
         held: s.v,
         lag_us: s.t.saturating_sub(now),
@@ -148,7 +173,7 @@ pub fn denied_until(now: u64, params: &[BucketParams], states: &[State]) -> u64 
         .zip(states)
         .map(|(p, s)| {
             let s = refill(now, p, Some(*s));
-            s.t + (p.cost * p.scale).saturating_sub(s.v).div_ceil(p.num)
+            s.t + until(p, s.t, s.v, p.cost * p.scale)
         })
         .max()
         .unwrap_or(now)
@@ -164,6 +189,7 @@ mod tests {
         scale: 1_000_000,
         num: 1,
         cost: 1,
+        period: None,
     };
 
     /// 143,688,200,674 tokens at 1000000/s (scale 1) reloaded to capacity 104,249 at 1/d (scale
@@ -176,6 +202,7 @@ mod tests {
             scale: 86_400_000_000,
             num: 1,
             cost: 1,
+            period: None,
         };
         let s = State {
             v: 143_688_200_674,
@@ -274,6 +301,7 @@ mod tests {
             scale: 100_000,
             num: 1,
             cost: 1,
+            period: None,
         };
         let d = evaluate(0, &[new], &mut s);
         assert_eq!(d.limits[0].remaining, 2, "3 tokens carried over, 1 spent");
@@ -293,6 +321,7 @@ mod tests {
             scale: 1,
             num: 1,
             cost: 1,
+            period: None,
         };
         let mut s = [Some(State {
             v: 0,

@@ -212,6 +212,7 @@ mod tests {
         scale: 1_000_000,
         num: 1,
         cost: 1,
+        period: None,
     };
 
     fn hit(m: &MemoryLimiter<Arc<ManualClock>>, key: &str) -> Decision {

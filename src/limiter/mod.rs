@@ -8,6 +8,7 @@ pub mod bucket;
 pub mod memory;
 pub mod redis;
 
+pub use crate::calendar::Period;
 pub use crate::metrics::ErrorKind;
 use std::future::Future;
 use std::time::Duration;
@@ -18,9 +19,25 @@ pub struct BucketParams {
     pub capacity: u64,
     /// Units per token.
     pub scale: u64,
-    /// Units gained per microsecond.
+    /// Units gained per microsecond; 0 for a quota.
     pub num: u64,
     pub cost: u64,
+    /// `Some`: a calendar quota of `capacity` per period, whole again at each of the period's
+    /// boundaries instead of refilling continuously (`scale` 1, `num` 0).
+    pub period: Option<Period>,
+}
+
+impl BucketParams {
+    /// A quota of `amount` per `period`, `cost` per request.
+    pub const fn quota(amount: u64, period: Period, cost: u64) -> BucketParams {
+        BucketParams {
+            capacity: amount,
+            scale: 1,
+            num: 0,
+            cost,
+            period: Some(period),
+        }
+    }
 }
 
 /// One bucket a request must draw from.

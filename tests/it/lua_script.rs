@@ -15,6 +15,7 @@ fn per_second(capacity: u64, tokens_per_s: u64) -> BucketParams {
         scale: 1_000_000 / g,
         num: tokens_per_s / g,
         cost: 1,
+        period: None,
     }
 }
 
@@ -96,6 +97,7 @@ fn state_is_exact_in_either_format_and_expires_only_once_full() {
         scale: 1_000_000,
         num: 1,
         cost: 4,
+        period: None,
     }; // 1 token/s
     for format in [Format::Hash, Format::Packed] {
         let s = Script::writing(format);
@@ -195,7 +197,13 @@ fn a_hash_without_a_scale_is_read_in_the_limits_scale() {
         };
         assert_eq!(
             reply,
-            [Value::Int(1), Value::Int(0), Value::Int(0), Value::Int(0)],
+            [
+                Value::Int(T0 as i64),
+                Value::Int(1),
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(0)
+            ],
             "{format:?}: its one token taken, the key not reported bad"
         );
         assert_eq!(
@@ -294,9 +302,11 @@ fn redis_time_is_used_when_no_clock_is_given() {
     let Value::Array(items) = s.raw(&["k"], None, &[per_second(5, 1)]) else {
         panic!()
     };
-    // Admitted; 4 of 5 tokens left (in units of a millionth), no lag, a sound key.
+    // Redis's instant; admitted; 4 of 5 tokens left (in units of a millionth), no lag, a sound
+    // key.
+    let Value::Int(now) = items[0] else { panic!() };
     assert_eq!(
-        items,
+        items[1..],
         [
             Value::Int(1),
             Value::Int(4_000_000),
@@ -310,6 +320,10 @@ fn redis_time_is_used_when_no_clock_is_given() {
         .unwrap()
         .as_micros() as u64;
     let t: u64 = t.parse().unwrap();
+    assert_eq!(
+        t, now as u64,
+        "the reply gives the instant the bucket was written at"
+    );
     assert!(
         now_us.abs_diff(t) < 60_000_000,
         "Redis TIME {t} vs local {now_us}"
@@ -327,12 +341,14 @@ fn the_script_and_the_rust_mirror_agree_step_for_step() {
             scale: 1_000_000,
             num: 3,
             cost: 2,
+            period: None,
         },
         BucketParams {
             capacity: 20,
             scale: 100_000,
             num: 1,
             cost: 1,
+            period: None,
         },
     ];
     let keys = ["{x}:a", "{x}:b"];
@@ -414,6 +430,7 @@ fn a_key_that_holds_something_else_is_rewritten_and_the_limit_holds() {
             assert_eq!(
                 reply,
                 [
+                    Value::Int(T0 as i64),
                     Value::Int(1),
                     Value::Int(2_000_000),
                     Value::Int(0),

@@ -77,6 +77,7 @@ every_backend!(
     cost_above_one,
     retry_after_is_the_wait_for_the_whole_cost,
     unmatched_requests_get_404_and_unlimited_routes_pass,
+    a_daily_quota_refuses_until_midnight_utc,
 );
 
 const ONE_LIMIT: &str = "  - name: api
@@ -84,6 +85,72 @@ const ONE_LIMIT: &str = "  - name: api
     limits:
       - { name: burst, capacity: 3, refill: \"1/m\" }
 ";
+
+/// Seconds from now to the next UTC midnight, and that midnight's date.
+fn to_midnight() -> (u64, String) {
+    use ratelimit_proxy::calendar::{civil_from_days, Period};
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    let end = Period::Day.end(now);
+    let (y, m, d) = civil_from_days(end / 86_400_000_000);
+    (
+        (end - now).div_ceil(1_000_000),
+        format!("{y:04}-{m:02}-{d:02}T00:00:00Z"),
+    )
+}
+
+fn a_daily_quota_refuses_until_midnight_utc(backend: Backend) {
+    let s = Setup::start(
+        backend,
+        "  - name: api
+    upstream: \"{upstream}\"
+    limits:
+      - { name: daily, quota: { amount: 3, period: day }, key: \"header:x-api-key\" }
+      - { name: monthly, quota: { amount: 100, period: month }, key: \"header:x-api-key\" }
+",
+    );
+    let key = [("x-api-key", "sk_test_1")];
+    let near = |got: Option<&str>, want: u64| {
+        let got: u64 = got.expect("the header").parse().unwrap();
+        got.abs_diff(want) <= 2
+    };
+    for remaining in [2, 1, 0] {
+        let r = s.proxy.get("/x", &key);
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.header("x-ratelimit-limit"), Some("3"));
+        assert_eq!(
+            r.header("x-ratelimit-remaining"),
+            Some(remaining.to_string().as_str())
+        );
+        let (secs, _) = to_midnight();
+        assert!(near(r.header("x-ratelimit-reset"), secs), "{r:?}");
+        let policy = r.header("ratelimit-policy").unwrap();
+        assert!(
+            policy.starts_with("\"daily\";q=3;w=86400, \"monthly\";q=100;w="),
+            "{policy}"
+        );
+        let month_days: u64 = policy.rsplit("w=").next().unwrap().parse::<u64>().unwrap() / 86_400;
+        assert!((28..=31).contains(&month_days), "{policy}");
+    }
+    let r = s.proxy.get("/x", &key);
+    assert_eq!(r.status, 429, "{r:?}");
+    let (secs, date) = to_midnight();
+    assert!(near(r.header("retry-after"), secs), "{r:?}");
+    assert!(
+        r.body
+            .contains("limit \"daily\" of route \"api\" is exhausted")
+            && r.body
+                .contains(&format!("(the quota is whole again at {date})")),
+        "{}",
+        r.body
+    );
+    // Another key has its own quota.
+    assert_eq!(s.proxy.get("/x", &[("x-api-key", "sk_test_2")]).status, 200);
+    assert_eq!(s.upstream.hits(), 4);
+    assert_eq!(s.proxy.decisions("api", "rejected"), 1);
+}
 
 fn burst_then_429_with_every_header(backend: Backend) {
     let s = Setup::start(backend, ONE_LIMIT);

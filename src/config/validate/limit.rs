@@ -1,45 +1,17 @@
-//! One limit: its bucket, its rate, and what identifies a client.
+//! One limit: its bucket (or quota), and what identifies a client.
 
 use super::{at, Validator};
 use crate::config::locate::Seg;
-use crate::config::raw::{OneOrMany, RawLimit};
+use crate::config::raw::{OneOrMany, RawLimit, RawQuota};
 use crate::config::*;
 
 impl Validator<'_> {
     pub(super) fn limit(&mut self, r: Option<&str>, base: &[Seg], raw: RawLimit) -> Option<Limit> {
         let before = self.problems.len();
         let name = self.name(r, base, raw.name);
-        let capacity = match raw.capacity {
-            None => {
-                self.problem(
-                    r,
-                    at(base, &["capacity"]),
-                    "is required: the bucket size (burst), an integer >= 1",
-                );
-                None
-            }
-            Some(0) => {
-                self.problem(r, at(base, &["capacity"]), "must be an integer >= 1, got 0");
-                None
-            }
-            Some(c) => Some(c),
-        };
-        let refill = match raw.refill.as_deref() {
-            None => {
-                self.problem(
-                    r,
-                    at(base, &["refill"]),
-                    "is required: the sustained rate, e.g. \"10/s\"",
-                );
-                None
-            }
-            Some(text) => match Rate::parse(text) {
-                Ok(rate) => Some(rate),
-                Err(msg) => {
-                    self.problem(r, at(base, &["refill"]), msg);
-                    None
-                }
-            },
+        let allowance = match raw.quota {
+            Some(quota) => self.quota(r, base, &raw.capacity, &raw.refill, quota),
+            None => self.bucket(r, base, raw.capacity, raw.refill.as_deref()),
         };
         let key = self.key(r, base, raw.key);
         let on_missing_key = self
@@ -57,33 +29,143 @@ impl Validator<'_> {
             )
             .unwrap_or_default();
         let cost = raw.cost.unwrap_or(1);
-        if let Some(cap) = capacity {
+        if let Some(allowance) = allowance {
+            let cap = allowance.capacity();
+            let what = match allowance {
+                Allowance::Bucket { .. } => "the capacity",
+                Allowance::Quota { .. } => "the quota's amount",
+            };
             if cost == 0 || cost > cap {
                 self.problem(
                     r,
                     at(base, &["cost"]),
-                    format!("must be between 1 and the capacity ({cap}), got {cost}"),
+                    format!("must be between 1 and {what} ({cap}), got {cost}"),
                 );
-            }
-        }
-        if let (Some(cap), Some(rate)) = (capacity, refill) {
-            let units = u128::from(cap) * u128::from(rate.scale()) + u128::from(rate.num());
-            if units > u128::from(EXACT_LIMIT) {
-                self.problem(r, at(base, &["capacity"]), format!(
-                    "capacity {cap} at refill {rate} needs more precision than the store's numbers hold exactly \
-                     ({cap} × {} units > 2^53); lower the capacity or use a faster rate", rate.scale()
-                ));
             }
         }
         (self.problems.len() == before).then(|| Limit {
             name,
-            capacity: capacity.unwrap_or(1),
-            refill: refill.expect("no problem means a rate"),
+            allowance: allowance.expect("no problem means an allowance"),
             key,
             on_missing_key,
             on_duplicate_key_header,
             shadow: raw.shadow.unwrap_or(false),
             cost,
+        })
+    }
+
+    /// A token bucket's `capacity` and `refill`.
+    fn bucket(
+        &mut self,
+        r: Option<&str>,
+        base: &[Seg],
+        capacity: Option<u64>,
+        refill: Option<&str>,
+    ) -> Option<Allowance> {
+        let capacity = match capacity {
+            None => {
+                self.problem(
+                    r,
+                    at(base, &["capacity"]),
+                    "is required: the bucket size (burst), an integer >= 1 (or give the limit a `quota`)",
+                );
+                None
+            }
+            Some(0) => {
+                self.problem(r, at(base, &["capacity"]), "must be an integer >= 1, got 0");
+                None
+            }
+            Some(c) => Some(c),
+        };
+        let refill = match refill {
+            None => {
+                self.problem(
+                    r,
+                    at(base, &["refill"]),
+                    "is required: the sustained rate, e.g. \"10/s\"",
+                );
+                None
+            }
+            Some(text) => match Rate::parse(text) {
+                Ok(rate) => Some(rate),
+                Err(msg) => {
+                    self.problem(r, at(base, &["refill"]), msg);
+                    None
+                }
+            },
+        };
+        let (capacity, refill) = (capacity?, refill?);
+        let units = u128::from(capacity) * u128::from(refill.scale()) + u128::from(refill.num());
+        if units > u128::from(EXACT_LIMIT) {
+            self.problem(r, at(base, &["capacity"]), format!(
+                "capacity {capacity} at refill {refill} needs more precision than the store's numbers hold exactly \
+                 ({capacity} × {} units > 2^53); lower the capacity or use a faster rate", refill.scale()
+            ));
+            return None;
+        }
+        Some(Allowance::Bucket { capacity, refill })
+    }
+
+    /// A calendar quota: `{ amount, period }`, alone (a quota does not refill, so a bucket's
+    /// numbers beside it would say two things at once).
+    fn quota(
+        &mut self,
+        r: Option<&str>,
+        base: &[Seg],
+        capacity: &Option<u64>,
+        refill: &Option<String>,
+        raw: RawQuota,
+    ) -> Option<Allowance> {
+        for (field, given) in [
+            ("capacity", capacity.is_some()),
+            ("refill", refill.is_some()),
+        ] {
+            if given {
+                self.problem(
+                    r,
+                    at(base, &[field]),
+                    "cannot be combined with `quota` in one limit: a quota is whole again at each \
+                     period's boundary and does not refill; make it a limit of its own",
+                );
+            }
+        }
+        let amount = match raw.amount {
+            None | Some(0) => {
+                self.problem(
+                    r,
+                    at(base, &["quota", "amount"]),
+                    "is required: how much one key may use per period, an integer >= 1",
+                );
+                None
+            }
+            Some(a) if a > EXACT_LIMIT => {
+                self.problem(
+                    r,
+                    at(base, &["quota", "amount"]),
+                    format!("must be at most 2^53 (the store's exact numbers), got {a}"),
+                );
+                None
+            }
+            Some(a) => Some(a),
+        };
+        let period = match raw.period.as_deref() {
+            None => {
+                let words: Vec<&str> = Period::words().collect();
+                self.problem(
+                    r,
+                    at(base, &["quota", "period"]),
+                    format!("is required: {}", crate::words::choices(&words)),
+                );
+                None
+            }
+            Some(text) => self.word(r, at(base, &["quota", "period"]), Some(text)),
+        };
+        if capacity.is_some() || refill.is_some() {
+            return None;
+        }
+        Some(Allowance::Quota {
+            amount: amount?,
+            period: period?,
         })
     }
 

@@ -79,6 +79,11 @@ impl Answer {
     pub fn reply(&self) -> &[i64] {
         &self.reply[self.at..self.at + self.len]
     }
+
+    /// The instant the call decided at (the reply's first integer).
+    pub fn now(&self) -> u64 {
+        self.reply[0] as u64
+    }
 }
 
 /// Tells apart the limiters of one process (tests make several), for the per-thread table.
@@ -181,7 +186,8 @@ async fn drive(caller: Arc<Caller>, mut queue: mpsc::UnboundedReceiver<Job>) {
         match result {
             Ok(reply) => {
                 let reply: Arc<[i64]> = reply.into();
-                let mut at = 0;
+                // After the call's `now`.
+                let mut at = 1;
                 for mut job in jobs.drain(..) {
                     let len = job.reply_len();
                     job.answer(Ok(Answer {
@@ -208,7 +214,7 @@ pub async fn alone(caller: &Caller, buckets: &[Bucket<'_>]) -> Result<Answer, Li
     let reply = caller.call(std::slice::from_ref(&job)).await?;
     Ok(Answer {
         reply: reply.into(),
-        at: 0,
+        at: 1,
         len: job.reply_len(),
     })
 }

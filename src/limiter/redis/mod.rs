@@ -191,7 +191,12 @@ impl Caller {
         };
         cmd.arg(self.format.word()).arg(limits.len());
         for p in &limits {
-            cmd.arg(p.capacity).arg(p.scale).arg(p.num).arg(p.cost);
+            cmd.arg(p.capacity).arg(p.scale);
+            match p.period {
+                Some(period) => cmd.arg(period.as_str()),
+                None => cmd.arg(p.num),
+            };
+            cmd.arg(p.cost);
         }
         let mut numbers = numbers.into_iter();
         for j in jobs {
@@ -204,7 +209,8 @@ impl Caller {
     }
 
     /// One call of the script for `jobs`, loading it first where the server does not know it
-    /// (a restart, a failover, `SCRIPT FLUSH`). The flat reply, of exactly the length `jobs` need.
+    /// (a restart, a failover, `SCRIPT FLUSH`). The flat reply, of exactly the length `jobs` need
+    /// after the call's `now`.
     async fn call(&self, jobs: &[batch::Job]) -> Result<Vec<i64>, LimiterError> {
         self.metrics.redis_batch(jobs.len());
         let cmd = self.command(jobs);
@@ -220,7 +226,7 @@ impl Caller {
         .map_err(classify)?;
         let reply: Vec<i64> =
             redis::from_redis_value(reply).map_err(|e| LimiterError::Script(e.to_string()))?;
-        let expected: usize = jobs.iter().map(batch::Job::reply_len).sum();
+        let expected: usize = 1 + jobs.iter().map(batch::Job::reply_len).sum::<usize>();
         if reply.len() != expected {
             return Err(LimiterError::Script(format!(
                 "a reply of {} integers for {} requests that need {expected}",
@@ -305,7 +311,7 @@ impl RedisLimiter {
                 Err(_) => return Err(LimiterError::Timeout(self.timeout)),
             },
         };
-        let (decision, bad) = parse_reply(answer.reply(), buckets)?;
+        let (decision, bad) = parse_reply(answer.reply(), answer.now(), buckets)?;
         for i in bad {
             self.bad_state(buckets[i].key);
         }
@@ -418,11 +424,13 @@ fn classify(e: RedisError) -> LimiterError {
     }
 }
 
-/// A decision from the script's reply `{allowed, then held, lag_us, bad per limit}` (see its
-/// header): what clients see is derived with the in-memory store's own arithmetic. Also returns the
-/// buckets whose key held something else and was rewritten.
+/// A decision from one request's part of the script's reply `{allowed, then held, lag_us, bad
+/// per limit}` (see its header), decided at `now`: what clients see is derived with the in-memory
+/// store's own arithmetic. Also returns the buckets whose key held something else and was
+/// rewritten.
 pub fn parse_reply(
     reply: &[i64],
+    now: u64,
     buckets: &[Bucket<'_>],
 ) -> Result<(Decision, Vec<usize>), LimiterError> {
     if reply.len() != 1 + 3 * buckets.len() || reply.iter().any(|n| *n < 0) {
@@ -442,14 +450,12 @@ pub fn parse_reply(
                 bad.push(i);
             }
             let p = &b.params;
-            // Relative to the decision's own instant, which the reply leaves out: only the lag
-            // matters.
             let state = State {
                 v: c[0] as u64,
-                t: c[1] as u64,
+                t: now + c[1] as u64,
                 scale: p.scale,
             };
-            report(0, p, &state, allowed || state.v >= p.cost * p.scale)
+            report(now, p, &state, allowed || state.v >= p.cost * p.scale)
         })
         .collect();
     Ok((Decision { allowed, limits }, bad))
@@ -464,6 +470,7 @@ mod tests {
         scale: 1_000_000,
         num: 1,
         cost: 5,
+        period: None,
     };
 
     #[test]
@@ -479,7 +486,7 @@ mod tests {
             },
         ];
         // Denied: the first bucket had 7 tokens, the second 3 and its clock was 2 µs behind.
-        let (d, bad) = parse_reply(&[0, 7_000_000, 0, 0, 3_000_000, 2, 1], &buckets).unwrap();
+        let (d, bad) = parse_reply(&[0, 7_000_000, 0, 0, 3_000_000, 2, 1], 0, &buckets).unwrap();
         assert!(!d.allowed);
         assert_eq!(bad, [1]);
         let b = d.limits[1];
@@ -498,11 +505,11 @@ mod tests {
             params: P,
         }];
         assert!(matches!(
-            parse_reply(&[1, 1, 5], &one),
+            parse_reply(&[1, 1, 5], 0, &one),
             Err(LimiterError::Script(_))
         ));
         assert!(matches!(
-            parse_reply(&[1, 1, -5, 0], &one),
+            parse_reply(&[1, 1, -5, 0], 0, &one),
             Err(LimiterError::Script(_))
         ));
     }

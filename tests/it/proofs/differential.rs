@@ -24,7 +24,7 @@ use ratelimit_proxy::limiter::bucket::{evaluate, State};
 use ratelimit_proxy::limiter::memory::MemoryLimiter;
 use ratelimit_proxy::limiter::redis::Format;
 use ratelimit_proxy::limiter::Decision;
-use ratelimit_proxy::limiter::{Bucket, BucketParams};
+use ratelimit_proxy::limiter::{Bucket, BucketParams, Period};
 use redis::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,13 +37,33 @@ const KEYS: [&str; 3] = ["{p}:a", "{p}:b", "{p}:c"];
 #[derive(Debug, Clone)]
 struct LimitSpec {
     capacity: u64,
+    /// A rate, or a quota's period (`day`, `week`, `month`): then `capacity` is its amount.
     refill: String,
     cost: u64,
 }
 
 impl LimitSpec {
     fn params(&self) -> BucketParams {
-        super::limit(self.capacity, &self.refill, self.cost)
+        match self.refill.parse::<Period>() {
+            Ok(period) => BucketParams::quota(self.capacity, period, self.cost),
+            Err(_) => super::limit(self.capacity, &self.refill, self.cost),
+        }
+    }
+
+    /// The limit as a config writes it.
+    fn yaml(&self, name: &str) -> String {
+        match self.refill.parse::<Period>() {
+            Ok(period) => format!(
+                "{{ name: {name}, quota: {{ amount: {}, period: {} }}, cost: {} }}",
+                self.capacity,
+                period.as_str(),
+                self.cost
+            ),
+            Err(_) => format!(
+                "{{ name: {name}, capacity: {}, refill: \"{}\", cost: {} }}",
+                self.capacity, self.refill, self.cost
+            ),
+        }
     }
 }
 
@@ -107,7 +127,9 @@ fn refill() -> impl Strategy<Value = String> {
                 format!("{whole}.{frac}/{unit}")
             }
         });
-    prop_oneof![1 => common, 1 => random]
+    // Calendar quotas too: periods that long advances cross, reloads to and from buckets.
+    let quota = select(vec!["day", "week", "month"]).prop_map(String::from);
+    prop_oneof![2 => common, 2 => random, 1 => quota]
 }
 
 /// The largest capacity the config accepts at `rate`. Reloads between any two of the rates
@@ -131,11 +153,12 @@ fn up_to(max: u64) -> BoxedStrategy<u64> {
 fn key_limits() -> impl Strategy<Value = Vec<LimitSpec>> {
     prop::collection::vec(refill(), 1..=3)
         .prop_filter_map("no capacity fits these rates", |texts| {
-            let rates: Vec<Rate> = texts.iter().map(|t| Rate::parse(t).unwrap()).collect();
             let kept: Vec<(String, u64)> = texts
                 .iter()
-                .zip(&rates)
-                .map(|(t, r)| (t.clone(), capacity_bound(r)))
+                .map(|t| match Rate::parse(t) {
+                    Ok(r) => (t.clone(), capacity_bound(&r)),
+                    Err(_) => (t.clone(), EXACT_LIMIT),
+                })
                 .filter(|(_, bound)| *bound >= 1)
                 .collect();
             (!kept.is_empty()).then_some(kept)
@@ -188,6 +211,8 @@ impl Step {
     fn advance_us(&self, first: &BucketParams) -> u64 {
         match self.advance {
             Advance::None => 0,
+            // A quota's: hundredths of a day.
+            Advance::Hundredths(k) if first.period.is_some() => k * 864_000_000,
             Advance::Hundredths(k) => {
                 (u128::from(first.scale) * u128::from(k) / 100 / u128::from(first.num))
                     .min(10_000_000_000_000) as u64
@@ -306,7 +331,9 @@ fn replay(s: &Script, h: &History) -> Result<(), TestCaseError> {
                 // that covers proxy clock skew, and no longer. (100 ms of slack for Redis being
                 // descheduled between the script and PTTL; it is 0 to 1 ms in practice.)
                 let st = state.expect("an allowed request writes every bucket");
-                let fill_ms = (st.full_at(p) - st.t).div_ceil(1000) as i64;
+                // A quota's key lives until its period's end, counted from the decision.
+                let from = if p.period.is_some() { now } else { st.t };
+                let fill_ms = (st.full_at(p) - from).div_ceil(1000) as i64;
                 prop_assert!(
                     fill_ms + 900 <= pttl && pttl <= fill_ms + 1000,
                     "PTTL {} ms of {} for a refill of {} ms at {}",
@@ -393,7 +420,14 @@ fn replay_batched(s: &Script, h: &History, how: &[Call]) -> Result<(), TestCaseE
         let now = base.saturating_add_signed(head.skew_us);
         let start = i;
         i += 1;
-        let lua = if matches!(how[start], Call::Previous) {
+        // The previous version knows no quotas: a config with one does not load there, so a
+        // fleet has no such proxy left when quotas are configured.
+        let previous = matches!(how[start], Call::Previous)
+            && h.limits
+                .iter()
+                .flatten()
+                .all(|l| l.params().period.is_none());
+        let lua = if previous {
             let (keys, params) = request(head);
             vec![s.previous(&keys, now, &params)]
         } else {
@@ -464,13 +498,7 @@ fn headers(picked: &[(usize, &LimitSpec)], d: &Decision) -> Vec<(&'static str, S
         "listen: \"127.0.0.1:1\"\nroutes:\n  - name: r\n    upstream: \"h:1\"\n    limits:\n",
     );
     for (k, spec) in picked {
-        yaml.push_str(&format!(
-            "      - {{ name: {}, capacity: {}, refill: \"{}\", cost: {} }}\n",
-            ["a", "b", "c"][*k],
-            spec.capacity,
-            spec.refill,
-            spec.cost
-        ));
+        yaml.push_str(&format!("      - {}\n", spec.yaml(["a", "b", "c"][*k])));
     }
     let route = &Config::parse("t.yaml", &yaml)
         .expect("a valid route")

@@ -9,6 +9,7 @@
 //! | `clock: proxy` over-admits at most rate × skew, never accumulating; `clock: redis` none | `clock_modes.rs` |
 //! | capacity 1 and 10^9, 1/d and 10^6/s, cost = capacity, idle and expiry, drift, long keys | `edge_cases.rs` |
 //! | thousands of concurrent requests: every decision counted once | `one_proxy.rs` |
+//! | calendar quotas whole again exactly at UTC boundaries (leap day, ISO week); at most the amount per period across clocks straddling one | `quotas.rs` |
 //! | every spelling of a path (escapes, dot segments, slashes) meets one canonical form: one route, one bucket | `canonical.rs` |
 //!
 //! Covered elsewhere, not repeated here: a limit changed by reload while a bucket is half empty
@@ -26,6 +27,7 @@ mod differential;
 mod edge_cases;
 mod fleet;
 mod one_proxy;
+mod quotas;
 
 use proptest::strategy::Strategy;
 use proptest::test_runner::{
@@ -45,6 +47,7 @@ pub fn limit(capacity: u64, refill: &str, cost: u64) -> BucketParams {
         scale: rate.scale(),
         num: rate.num(),
         cost,
+        period: None,
     }
 }
 

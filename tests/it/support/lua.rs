@@ -73,19 +73,20 @@ impl Script {
             .collect();
         cmd.arg(table.len());
         for p in &table {
-            cmd.arg(p.capacity).arg(p.scale).arg(p.num).arg(p.cost);
+            limit_args(&mut cmd, p);
         }
         for n in &numbers {
             cmd.arg(n.len()).arg(n);
         }
         let mut c = self.redis.connection().unwrap();
         let reply: Vec<Value> = cmd.query(&mut c).expect("EVALSHA of a batch");
-        let mut at = 0;
+        // After the call's `now`, which each request's part is given too.
+        let mut at = 1;
         let decisions = requests
             .iter()
             .map(|(_, limits)| {
                 let len = 1 + 3 * limits.len();
-                let part = Value::Array(reply[at..at + len].to_vec());
+                let part = Value::Array([&reply[..1], &reply[at..at + len]].concat());
                 at += len;
                 decision(&part, limits)
             })
@@ -94,7 +95,7 @@ impl Script {
         decisions
     }
 
-    /// One decision by the previous version's script (`PREVIOUS_LUA`).
+    /// One decision by the previous version's script (`PREVIOUS_LUA`), which knows no quotas.
     pub fn previous(&self, keys: &[&str], now: u64, limits: &[BucketParams]) -> Decision {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&self.previous_sha)
@@ -102,10 +103,17 @@ impl Script {
             .arg(keys)
             .arg(now);
         for p in limits {
-            cmd.arg(p.capacity).arg(p.scale).arg(p.num).arg(p.cost);
+            limit_args(&mut cmd, p);
         }
         let mut c = self.redis.connection().unwrap();
-        decision(&cmd.query(&mut c).expect("EVALSHA"), limits)
+        let Value::Array(reply) = cmd.query(&mut c).expect("EVALSHA") else {
+            panic!("not an array")
+        };
+        // Its reply does not start with the call's instant yet.
+        decision(
+            &Value::Array([vec![Value::Int(now as i64)], reply].concat()),
+            limits,
+        )
     }
 
     /// The EVALSHA of one decision, for callers that pipeline it or wrap it in MULTI.
@@ -123,7 +131,7 @@ impl Script {
         // Each limit its own entry in the table of limits, the one request drawing on all of them.
         cmd.arg(limits.len());
         for p in limits {
-            cmd.arg(p.capacity).arg(p.scale).arg(p.num).arg(p.cost);
+            limit_args(&mut cmd, p);
         }
         cmd.arg(limits.len())
             .arg((1..=limits.len()).collect::<Vec<_>>());
@@ -192,8 +200,8 @@ pub fn type_of(format: Format) -> &'static str {
     }
 }
 
-/// The script's reply as a `Decision`, read as the proxy reads it; panics unless every element is
-/// a non-negative integer and no key held anything but a bucket.
+/// The script's reply for one request (`now` first) as a `Decision`, read as the proxy reads it;
+/// panics unless every element is a non-negative integer and no key held anything but a bucket.
 pub fn decision(reply: &Value, limits: &[BucketParams]) -> Decision {
     let Value::Array(items) = reply else {
         panic!("not an array: {reply:?}")
@@ -212,7 +220,18 @@ pub fn decision(reply: &Value, limits: &[BucketParams]) -> Decision {
             params: *p,
         })
         .collect();
-    let (decision, bad) = parse_reply(&n, &buckets).unwrap_or_else(|e| panic!("{e}"));
+    let (decision, bad) =
+        parse_reply(&n[1..], n[0] as u64, &buckets).unwrap_or_else(|e| panic!("{e}"));
     assert!(bad.is_empty(), "keys {bad:?} held something else");
     decision
+}
+
+/// A limit's four arguments: capacity, scale, units per µs (a quota: its period), cost.
+pub fn limit_args(cmd: &mut redis::Cmd, p: &BucketParams) {
+    cmd.arg(p.capacity).arg(p.scale);
+    match p.period {
+        Some(period) => cmd.arg(period.as_str()),
+        None => cmd.arg(p.num),
+    };
+    cmd.arg(p.cost);
 }
