@@ -7,7 +7,7 @@
 
 use ratelimit_proxy::clock::SystemClock;
 use ratelimit_proxy::limiter::memory::MemoryLimiter;
-use ratelimit_proxy::limiter::{Bucket, BucketParams};
+use ratelimit_proxy::limiter::{Bucket, BucketParams, Kind};
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,7 +17,7 @@ const PARAMS: BucketParams = BucketParams {
     scale: 1,
     num: 1,
     cost: 1,
-    period: None,
+    kind: Kind::Bucket,
 };
 const RUN: Duration = Duration::from_millis(1500);
 
@@ -79,7 +79,7 @@ fn memory_per_bucket() -> f64 {
         scale: 1_000_000,
         num: 1,
         cost: 1,
-        period: None,
+        kind: Kind::Bucket,
     };
     for i in 0..N {
         let key = format!("rl:{{api:10.{}.{}.{}}}:l", i >> 16, (i >> 8) & 255, i & 255);

@@ -17,7 +17,11 @@
 --          num       units the bucket gains per microsecond (the rate is num/scale tokens per µs),
 --                    or a quota's period: "day", "week" (ISO, from Monday) or "month". A quota
 --                    (scale 1) does not refill: it is whole again once `now` is in a later
---                    period (UTC) than the instant it was written at.
+--                    period (UTC) than the instant it was written at. Or "lease:<ms>:<id>": a
+--                    concurrency limit (capacity = how many at once, scale 1, cost 1), whose key
+--                    is a sorted set of lease ids scored by the microsecond they expire at; an
+--                    admitted request adds its lease <id> for <ms> (released by ZREM), so leases
+--                    a dead proxy never released expire by themselves.
 --          cost      whole tokens a request takes
 -- Then, for each request in turn:
 --          n         how many limits it has; its buckets are the next n KEYS
@@ -87,7 +91,7 @@ end
 -- The limits, in units: read once per batch, however many requests draw on them.
 local packed = ARGV[2] == 'packed'
 local m = tonumber(ARGV[3])
-local cap, scale, scale_text, num, period, cost = {}, {}, {}, {}, {}, {}
+local cap, scale, scale_text, num, period, lease_ms, lease_id, cost = {}, {}, {}, {}, {}, {}, {}, {}
 for j = 1, m do
   local a = 4 + 4 * (j - 1)
   scale_text[j] = ARGV[a + 1]
@@ -95,9 +99,14 @@ for j = 1, m do
   cap[j] = tonumber(ARGV[a]) * scale[j]
   num[j] = tonumber(ARGV[a + 2])
   if not num[j] then
-    period[j] = ARGV[a + 2]
-    if period[j] ~= 'day' and period[j] ~= 'week' and period[j] ~= 'month' then
-      return redis.error_reply('unknown refill ' .. period[j])
+    local text = ARGV[a + 2]
+    local ms, id = string.match(text, '^lease:(%d+):(%d+)$')
+    if ms then
+      lease_ms[j], lease_id[j] = tonumber(ms), id
+    elseif text == 'day' or text == 'week' or text == 'month' then
+      period[j] = text
+    else
+      return redis.error_reply('unknown refill ' .. text)
     end
   end
   cost[j] = tonumber(ARGV[a + 3]) * scale[j]
@@ -246,6 +255,21 @@ end
 -- held something that is not a bucket (it is deleted and read as a full bucket, so limited
 -- again), whether a hash write may leave its `s` as it is, and the kind it was stored as.
 local function refill(key, j)
+  if lease_ms[j] then
+    -- Free leases: the limit less the ones that have not expired. Another type of key is
+    -- something else's: deleted (and reported), which frees every lease.
+    local bad = 0
+    local gone = redis.pcall('ZREMRANGEBYSCORE', key, '-inf', now)
+    if type(gone) == 'table' and gone.err then
+      redis.call('DEL', key)
+      bad = 1
+    end
+    local free = cap[j] - redis.call('ZCARD', key)
+    if free < 0 then
+      free = 0
+    end
+    return free, now, bad, false, 'lease'
+  end
   local held, at, was, kind
   if packed then
     kind = known_kind[key]
@@ -320,6 +344,11 @@ end
 -- proxy-clock skew. Numbers go to Redis as exact integers ('%d'; below 2^53 Redis prints them in
 -- full too).
 local function write(key, j, held, at, same, kind)
+  if lease_ms[j] then
+    redis.call('ZADD', key, now + lease_ms[j] * 1000, lease_id[j])
+    redis.call('PEXPIRE', key, lease_ms[j] + 1000)
+    return
+  end
   local us
   if period[j] then
     us = boundary(period[j], at, 1) - now

@@ -54,6 +54,9 @@ pub struct Draw {
     pub local: Vec<BucketParams>,
     /// The route's index of each limit drawn.
     pub limits: Vec<usize>,
+    /// This request's lease id, which its concurrency limits' buckets carry to the store (the
+    /// params above keep the plan's, so that the deny cache sees one limit per limit).
+    pub lease: u64,
 }
 
 impl Draw {
@@ -61,21 +64,26 @@ impl Draw {
         self.keys.is_empty()
     }
 
+    /// Whether a concurrency limit is among these buckets.
+    pub fn leases(&self) -> bool {
+        self.params.iter().any(BucketParams::is_lease)
+    }
+
     pub fn buckets(&self) -> Vec<Bucket<'_>> {
-        zip(&self.keys, &self.params)
+        zip(&self.keys, &self.params, self.lease)
     }
 
     pub fn local_buckets(&self) -> Vec<Bucket<'_>> {
-        zip(&self.keys, &self.local)
+        zip(&self.keys, &self.local, self.lease)
     }
 }
 
-fn zip<'a>(keys: &'a [String], params: &[BucketParams]) -> Vec<Bucket<'a>> {
+fn zip<'a>(keys: &'a [String], params: &[BucketParams], lease: u64) -> Vec<Bucket<'a>> {
     keys.iter()
         .zip(params)
         .map(|(key, params)| Bucket {
             key,
-            params: *params,
+            params: params.with_lease(lease),
         })
         .collect()
 }

@@ -12,15 +12,19 @@ use crate::config::FailMode;
 use crate::deny_cache::{Consult, DenyCache};
 use crate::draw::{draws, Draw, Draws, RequestFacts};
 use crate::limiter::memory::MemoryLimiter;
-use crate::limiter::{Decision, Limiter, LimiterError};
+use crate::limiter::{Bucket, BucketParams, Decision, Limiter, LimiterError};
 use crate::metrics::Outcome;
 use crate::plan::RoutePlan;
 use http::HeaderMap;
+use prometheus::IntGauge;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub struct Gate<L, C> {
     limiter: Arc<L>,
+    /// Names each admitted request's concurrency leases.
+    lease_ids: LeaseIds,
     /// Only in front of a shared store: the in-memory store answers as fast as the cache would.
     deny_cache: Option<Arc<DenyCache>>,
     /// Decides for `on_redis_error: local` routes while the store fails.
@@ -72,16 +76,19 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
     ) -> Gate<L, C> {
         Gate {
             limiter,
+            lease_ids: LeaseIds::new(),
             deny_cache,
             fallback,
             clock,
         }
     }
 
-    /// Decides `request` on `route`.
-    pub async fn admit(&self, route: &RoutePlan, request: &Asking<'_>) -> Verdict {
+    /// Decides `request` on `route`. An admitted request may hold concurrency leases: they are
+    /// the caller's to `release` when the request ends.
+    pub async fn admit(&self, route: &RoutePlan, request: &Asking<'_>) -> (Verdict, Held) {
+        let mut held = Held::default();
         if allowlisted(route, request.client, request.headers) {
-            return Verdict::Pass(Outcome::Bypassed, None);
+            return (Verdict::Pass(Outcome::Bypassed, None), held);
         }
         // Formatted only for routes whose keys read it.
         let client_ip = match request.client {
@@ -100,14 +107,27 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
             query: request.query,
             headers: request.headers,
         };
-        let (enforced, shadow) = match draws(route, &facts) {
+        let (mut enforced, mut shadow) = match draws(route, &facts) {
             Draws::Buckets { enforced, shadow } => (enforced, shadow),
-            Draws::MissingKey(i) => return Verdict::MissingKey(i),
+            Draws::MissingKey(i) => return (Verdict::MissingKey(i), held),
         };
+        if enforced.leases() || shadow.leases() {
+            let id = self.lease_ids.next();
+            (enforced.lease, shadow.lease) = (id, id);
+        }
         let (verdict, shadow_rejects) =
-            tokio::join!(self.decide(route, &enforced), self.shadow_rejects(&shadow));
+            tokio::join!(self.decide(route, &enforced), self.shadow(route, &shadow));
         self.rank(route, &enforced, &verdict);
-        match verdict {
+        let (shadow_rejects, shadow_holds) = shadow_rejects;
+        if shadow_holds {
+            held.take(route, &shadow, false);
+        }
+        match &verdict {
+            Decided::Pass(Outcome::Allowed, Some(_)) => held.take(route, &enforced, false),
+            Decided::Pass(Outcome::LocalFallback, Some(_)) => held.take(route, &enforced, true),
+            _ => {}
+        }
+        let verdict = match verdict {
             Decided::Pass(Outcome::Allowed, decision) if shadow_rejects => Verdict::Pass(
                 Outcome::ShadowRejected,
                 decision.map(|d| (d, enforced.limits)),
@@ -119,6 +139,25 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
                 Verdict::Reject(outcome, decision, enforced.limits)
             }
             Decided::Unavailable => Verdict::Unavailable,
+        };
+        (verdict, held)
+    }
+
+    /// Ends the leases a request held (`admit`): called when its response is done, or when it
+    /// was aborted or its client went away. A store that cannot be told lets them expire.
+    pub async fn release(&self, held: Held) {
+        if !held.store.is_empty() {
+            let buckets: Vec<Bucket<'_>> = held.store.iter().map(Lease::bucket).collect();
+            if let Err(e) = self.limiter.release(&buckets).await {
+                log::debug!("leases not released (they expire by themselves): {e}");
+            }
+        }
+        let local: Vec<Bucket<'_>> = held.local.iter().map(Lease::bucket).collect();
+        self.fallback.give_back(&local);
+        for lease in held.store.iter().chain(&held.local) {
+            if let Some(gauge) = &lease.gauge {
+                gauge.dec();
+            }
         }
     }
 
@@ -199,14 +238,96 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
         }
     }
 
-    /// Whether the shadow limits would have rejected the request (unknown counts as no).
-    async fn shadow_rejects(&self, draw: &Draw) -> bool {
-        !draw.is_empty()
-            && self
-                .limiter
-                .check(&draw.buckets())
-                .await
-                .is_ok_and(|d| !d.allowed)
+    /// Whether the shadow limits would have rejected the request (unknown counts as no), and
+    /// whether they admitted it holding leases (a shadow concurrency limit counts requests in
+    /// flight like an enforced one, so its leases are released alike).
+    async fn shadow(&self, route: &RoutePlan, draw: &Draw) -> (bool, bool) {
+        if draw.is_empty() {
+            return (false, false);
+        }
+        match self.limiter.check(&draw.buckets()).await {
+            Ok(d) => (!d.allowed, d.allowed && draw.leases()),
+            Err(e) => {
+                log::debug!("route {}: shadow limits not decided: {e}", route.name);
+                (false, false)
+            }
+        }
+    }
+}
+
+/// The concurrency leases one admitted request holds, in the store or (failing over locally) in
+/// the fallback.
+#[derive(Default)]
+pub struct Held {
+    store: Vec<Lease>,
+    local: Vec<Lease>,
+}
+
+impl Held {
+    pub fn is_empty(&self) -> bool {
+        self.store.is_empty() && self.local.is_empty()
+    }
+
+    /// The leases among `draw`'s buckets, which were just granted.
+    fn take(&mut self, route: &RoutePlan, draw: &Draw, local: bool) {
+        let params = if local { &draw.local } else { &draw.params };
+        for ((key, p), &i) in draw.keys.iter().zip(params).zip(&draw.limits) {
+            if !p.is_lease() {
+                continue;
+            }
+            let gauge = route.limits.get(i).and_then(|l| l.inflight.clone());
+            if let Some(g) = &gauge {
+                g.inc();
+            }
+            let lease = Lease {
+                key: key.clone(),
+                params: p.with_lease(draw.lease),
+                gauge,
+            };
+            match local {
+                true => self.local.push(lease),
+                false => self.store.push(lease),
+            }
+        }
+    }
+}
+
+struct Lease {
+    key: String,
+    params: BucketParams,
+    gauge: Option<IntGauge>,
+}
+
+impl Lease {
+    fn bucket(&self) -> Bucket<'_> {
+        Bucket {
+            key: &self.key,
+            params: self.params,
+        }
+    }
+}
+
+/// Lease ids unique across a fleet: this process's random start, then one after another.
+struct LeaseIds(AtomicU64);
+
+impl LeaseIds {
+    fn new() -> LeaseIds {
+        use std::hash::{BuildHasher, Hasher};
+        // Seeded by the OS's randomness (std's hasher keys); the time and the process id keep
+        // two processes apart even if it were not.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.write_u32(std::process::id());
+        LeaseIds(AtomicU64::new(h.finish()))
+    }
+
+    fn next(&self) -> u64 {
+        // Ids travel as decimal text and never 0 (the plan's placeholder).
+        self.0.fetch_add(1, Ordering::Relaxed).max(1)
     }
 }
 
@@ -255,6 +376,10 @@ mod tests {
         async fn ping(&self) -> Result<(), LimiterError> {
             Err(LimiterError::Connection("refused".into()))
         }
+
+        async fn release(&self, _: &[Bucket<'_>]) -> Result<(), LimiterError> {
+            Err(LimiterError::Connection("refused".into()))
+        }
     }
 
     /// The in-memory store, counting the calls that reach it.
@@ -271,6 +396,10 @@ mod tests {
 
         async fn ping(&self) -> Result<(), LimiterError> {
             Ok(())
+        }
+
+        async fn release(&self, leases: &[Bucket<'_>]) -> Result<(), LimiterError> {
+            self.store.release(leases).await
         }
     }
 
@@ -324,7 +453,7 @@ mod tests {
         let route = &plan.routes[0];
         let mut outcomes = Vec::new();
         for _ in 0..3 {
-            outcomes.push(g.admit(route, &ask(&h, "10.0.0.1")).await.outcome());
+            outcomes.push(g.admit(route, &ask(&h, "10.0.0.1")).await.0.outcome());
         }
         assert_eq!(
             outcomes,
@@ -332,11 +461,11 @@ mod tests {
         );
         clock.advance_us(1_000_000);
         assert_eq!(
-            g.admit(route, &ask(&h, "10.0.0.1")).await.outcome(),
+            g.admit(route, &ask(&h, "10.0.0.1")).await.0.outcome(),
             Outcome::Allowed
         );
         assert_eq!(
-            g.admit(route, &ask(&h, "10.0.0.2")).await.outcome(),
+            g.admit(route, &ask(&h, "10.0.0.2")).await.0.outcome(),
             Outcome::Allowed,
             "another client, another bucket"
         );
@@ -365,6 +494,7 @@ mod tests {
                 got.push(
                     g.admit(&plan.routes[0], &ask(&h, "10.0.0.1"))
                         .await
+                        .0
                         .outcome(),
                 );
             }
@@ -379,11 +509,11 @@ mod tests {
         let h = HeaderMap::new();
         let route = &plan.routes[0];
         assert_eq!(
-            g.admit(route, &ask(&h, "10.0.0.1")).await,
+            g.admit(route, &ask(&h, "10.0.0.1")).await.0,
             Verdict::Pass(Outcome::Allowed, None)
         );
         assert_eq!(
-            g.admit(route, &ask(&h, "10.0.0.1")).await,
+            g.admit(route, &ask(&h, "10.0.0.1")).await.0,
             Verdict::Pass(Outcome::ShadowRejected, None),
             "proxied, without headers: clients never see a shadow limit"
         );
@@ -398,17 +528,17 @@ mod tests {
         let route = &plan.routes[0];
         let mut h = HeaderMap::new();
         assert_eq!(
-            g.admit(route, &ask(&h, "10.1.2.3")).await.outcome(),
+            g.admit(route, &ask(&h, "10.1.2.3")).await.0.outcome(),
             Outcome::Bypassed
         );
         h.insert("x-internal", "s3cret".parse().unwrap());
         assert_eq!(
-            g.admit(route, &ask(&h, "192.0.2.1")).await.outcome(),
+            g.admit(route, &ask(&h, "192.0.2.1")).await.0.outcome(),
             Outcome::Bypassed
         );
         h.insert("x-internal", "guess".parse().unwrap());
         assert_eq!(
-            g.admit(route, &ask(&h, "192.0.2.1")).await.outcome(),
+            g.admit(route, &ask(&h, "192.0.2.1")).await.0.outcome(),
             Outcome::FailOpen,
             "not allowlisted: the store is asked (and is down)"
         );
@@ -426,7 +556,7 @@ mod tests {
             ));
             let (g, _) = gate(memory, false);
             assert_eq!(
-                g.admit(&plan.routes[0], &ask(&h, "10.0.0.1")).await,
+                g.admit(&plan.routes[0], &ask(&h, "10.0.0.1")).await.0,
                 want,
                 "{policy}"
             );
@@ -444,12 +574,12 @@ mod tests {
         let h = HeaderMap::new();
         let route = &plan.routes[0];
         assert_eq!(
-            g.admit(route, &ask(&h, "10.0.0.1")).await.outcome(),
+            g.admit(route, &ask(&h, "10.0.0.1")).await.0.outcome(),
             Outcome::Allowed
         );
         for (waited, wait_us) in [(0, 1_000_000), (400_000, 600_000)] {
             clock.advance_us(waited);
-            let verdict = g.admit(route, &ask(&h, "10.0.0.1")).await;
+            let (verdict, _) = g.admit(route, &ask(&h, "10.0.0.1")).await;
             let Verdict::Reject(Outcome::Rejected, d, _) = verdict else {
                 panic!("denied until the token is back: {verdict:?}");
             };
@@ -462,7 +592,7 @@ mod tests {
         );
         clock.advance_us(600_000);
         assert_eq!(
-            g.admit(route, &ask(&h, "10.0.0.1")).await.outcome(),
+            g.admit(route, &ask(&h, "10.0.0.1")).await.0.outcome(),
             Outcome::Allowed
         );
         assert_eq!(g.limiter.calls.load(Ordering::SeqCst), 2);
@@ -474,7 +604,7 @@ mod tests {
         let (g, _) = gate(|_| Down, true);
         let h = HeaderMap::new();
         assert_eq!(
-            g.admit(&plan.routes[0], &ask(&h, "10.0.0.1")).await,
+            g.admit(&plan.routes[0], &ask(&h, "10.0.0.1")).await.0,
             Verdict::Unavailable
         );
     }

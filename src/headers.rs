@@ -72,7 +72,7 @@ impl RouteHeaders {
                 .iter()
                 .map(|l| match l.allowance {
                     Allowance::Quota { period, .. } => Some(period),
-                    Allowance::Bucket { .. } => None,
+                    _ => None,
                 })
                 .collect(),
             policy: policy(&listed, SystemClock.now_us()),
@@ -186,15 +186,18 @@ impl RouteHeaders {
 }
 
 /// `RateLimit-Policy` for `listed` limits at `now_us`: `"name";q=<capacity>;w=<window>`, where
-/// the window is the time to refill an empty bucket or the quota period's length. `None` when no
-/// limit is listed.
+/// the window is the time to refill an empty bucket or the quota period's length; a concurrency
+/// limit says its unit instead (`qu="concurrent-requests"`). `None` when no limit is listed.
 fn policy(listed: &[(String, Allowance)], now_us: u64) -> Option<HeaderValue> {
     if listed.is_empty() {
         return None;
     }
     let text = listed
         .iter()
-        .map(|(name, a)| format!("\"{name}\";q={};w={}", a.capacity(), a.window_secs(now_us)))
+        .map(|(name, a)| match a.window_secs(now_us) {
+            Some(w) => format!("\"{name}\";q={};w={w}", a.capacity()),
+            None => format!("\"{name}\";q={};qu=\"concurrent-requests\"", a.capacity()),
+        })
         .collect::<Vec<_>>()
         .join(", ");
     // Names are [A-Za-z0-9_-], so the value is always a valid header value.

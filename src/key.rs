@@ -42,14 +42,16 @@ impl KeyPlan {
         KeyPlan {
             head: format!("{prefix}:{{{}", route.name),
             value_in_tag,
-            // A quota's keys are its own (`monthly@quota`): its state carries over a reload that
-            // keeps its name and kind, never into a bucket of that name or out of one.
+            // A quota's and a concurrency limit's keys are their own (`monthly@quota`,
+            // `inflight@inflight`): state carries over a reload that keeps a limit's name and
+            // kind, never into a limit of another kind (or another type of Redis key).
             limits: route
                 .limits
                 .iter()
                 .map(|l| match l.allowance {
                     Allowance::Bucket { .. } => l.name.clone(),
                     Allowance::Quota { .. } => format!("{}@quota", l.name),
+                    Allowance::Concurrency { .. } => format!("{}@inflight", l.name),
                 })
                 .collect(),
         }

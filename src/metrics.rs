@@ -96,6 +96,9 @@ pub struct Metrics {
     breaker_transitions: IntCounterVec,
     deny_cache_hits: IntCounterVec,
     responses: IntCounterVec,
+    inflight: IntGaugeVec,
+    usage_charged: IntCounterVec,
+    usage_unreported: IntCounterVec,
     connections_open: IntGauge,
     /// By `Closed`, in `Closed::ALL` order.
     connections_closed: Vec<IntCounter>,
@@ -222,6 +225,30 @@ impl Metrics {
             ),
             &["route", "class"],
         )?;
+        let inflight = IntGaugeVec::new(
+            Opts::new(
+                "ratelimit_inflight",
+                "Concurrency leases this proxy holds now, by route and limit",
+            ),
+            &["route", "limit"],
+        )?;
+        let usage_charged = IntCounterVec::new(
+            Opts::new(
+                "ratelimit_usage_charged_total",
+                "Usage charged from responses (the reported amount, up-front cost included)",
+            ),
+            &["route", "limit"],
+        )?;
+        let usage_unreported = IntCounterVec::new(
+            Opts::new(
+                "ratelimit_usage_unreported_total",
+                "Responses that did not report their usage: charged the up-front cost only",
+            ),
+            &["route", "limit"],
+        )?;
+        registry.register(Box::new(inflight.clone()))?;
+        registry.register(Box::new(usage_charged.clone()))?;
+        registry.register(Box::new(usage_unreported.clone()))?;
         let connections_open =
             IntGauge::new("ratelimit_connections_open", "Client connections open now")?;
         let connections_closed = IntCounterVec::new(
@@ -285,11 +312,28 @@ impl Metrics {
             breaker_transitions,
             deny_cache_hits,
             responses,
+            inflight,
+            usage_charged,
+            usage_unreported,
             connections_open,
             connections_closed,
             refused,
             tops: Arc::default(),
         })
+    }
+
+    /// `ratelimit_inflight{route,limit}`: the leases this proxy holds of a concurrency limit.
+    pub fn inflight(&self, route: &str, limit: &str) -> IntGauge {
+        self.inflight.with_label_values(&[route, limit])
+    }
+
+    /// `ratelimit_usage_charged_total` and `ratelimit_usage_unreported_total` of a limit
+    /// charged from the response.
+    pub fn usage(&self, route: &str, limit: &str) -> (IntCounter, IntCounter) {
+        (
+            self.usage_charged.with_label_values(&[route, limit]),
+            self.usage_unreported.with_label_values(&[route, limit]),
+        )
     }
 
     /// A client connection was accepted; it counts as open until the guard drops.

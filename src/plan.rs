@@ -9,14 +9,16 @@ use crate::config::{
 };
 use crate::headers::RouteHeaders;
 use crate::key::KeyPlan;
-use crate::limiter::BucketParams;
+use crate::limiter::{BucketParams, Kind};
 use crate::metrics::{Metrics, RouteCounters};
 use crate::peer;
 use crate::route::RouteTable;
 use crate::upstream::UpstreamPool;
 use pingora::upstreams::peer::HttpPeer;
+use prometheus::IntGauge;
 use std::net::ToSocketAddrs;
 use std::sync::Arc;
+use std::time::Duration;
 
 pub struct LimitPlan {
     pub key: Vec<KeySource>,
@@ -27,6 +29,8 @@ pub struct LimitPlan {
     /// The share one proxy enforces alone when the store fails (`on_redis_error: local`):
     /// divided by the fleet size, so the fleet together stays near the shared limit.
     pub local: BucketParams,
+    /// A concurrency limit's `ratelimit_inflight` gauge.
+    pub inflight: Option<IntGauge>,
 }
 
 pub struct RoutePlan {
@@ -130,13 +134,16 @@ impl Plan {
                         .limits
                         .iter()
                         .map(|l| {
-                            let params = bucket_params(l);
+                            let params = bucket_params(l, r.upstream_timeouts.read);
                             LimitPlan {
                                 key: l.key.clone(),
                                 on_missing_key: l.on_missing_key,
                                 shadow: l.shadow || r.shadow,
                                 params,
                                 local: local_share(params, fleet),
+                                inflight: params
+                                    .is_lease()
+                                    .then(|| metrics.inflight(&r.name, &l.name)),
                             }
                         })
                         .collect(),
@@ -182,28 +189,36 @@ fn single_headers(route: &Route) -> Vec<String> {
     names
 }
 
-/// The arithmetic's numbers for limit `l`.
-pub fn bucket_params(l: &Limit) -> BucketParams {
+/// The arithmetic's numbers for limit `l` of a route whose upstream read timeout is `read`.
+pub fn bucket_params(l: &Limit, read: Duration) -> BucketParams {
     match l.allowance {
         Allowance::Bucket { capacity, refill } => BucketParams {
             capacity,
             scale: refill.scale(),
             num: refill.num(),
             cost: l.cost,
-            period: None,
+            kind: Kind::Bucket,
         },
         Allowance::Quota { amount, period } => BucketParams::quota(amount, period, l.cost),
+        // A lease outlives the longest a request can wait on its upstream, plus a margin.
+        Allowance::Concurrency { max, lease_ms } => BucketParams::leases(
+            max,
+            lease_ms.unwrap_or(read.as_millis() as u64 + LEASE_MARGIN_MS),
+        ),
     }
 }
 
+/// How much longer than the route's read timeout a lease is held by default.
+const LEASE_MARGIN_MS: u64 = 5_000;
+
 /// One proxy's share of a limit: capacity and rate divided by `fleet` (the rate exactly, by
-/// scaling a token up; a quota's amount), never below the cost of one request.
+/// scaling a token up; a quota's amount, a concurrency), never below the cost of one request.
 fn local_share(p: BucketParams, fleet: u64) -> BucketParams {
     BucketParams {
         capacity: (p.capacity / fleet).max(p.cost),
-        scale: match p.period {
-            None => p.scale * fleet,
-            Some(_) => p.scale,
+        scale: match p.kind {
+            Kind::Bucket => p.scale * fleet,
+            Kind::Quota(_) | Kind::Leases { .. } => p.scale,
         },
         ..p
     }
@@ -220,7 +235,7 @@ mod tests {
             scale: 100_000,
             num: 1,
             cost: 2,
-            period: None,
+            kind: Kind::Bucket,
         };
         let share = local_share(p, 4);
         assert_eq!(share.capacity, 25);

@@ -4,7 +4,7 @@
 use crate::answer;
 use crate::canonical::{self, Refused, Rewrite};
 use crate::clock::SystemClock;
-use crate::gate::{Asking, Gate, Verdict};
+use crate::gate::{Asking, Gate, Held, Verdict};
 use crate::head_room;
 use crate::headers;
 use crate::limiter::{Decision, Limiter};
@@ -52,6 +52,8 @@ pub struct RequestCtx {
     upstream: Option<usize>,
     /// What the upstream is told that the client spelled differently.
     rewrite: Rewrite,
+    /// Concurrency leases, held until `logging` (whatever ended the request).
+    held: Held,
 }
 
 #[async_trait]
@@ -122,7 +124,8 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             query: request.target.query,
             headers: &req.headers,
         };
-        let verdict = self.gate.admit(route, &asking).await;
+        let (verdict, held) = self.gate.admit(route, &asking).await;
+        ctx.held = held;
         ctx.outcome = Some(verdict.outcome());
         match verdict {
             Verdict::Pass(_, decision) => {
@@ -306,6 +309,9 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
     }
 
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+        if !ctx.held.is_empty() {
+            self.gate.release(std::mem::take(&mut ctx.held)).await;
+        }
         let Some(route) = route_of(ctx) else { return };
         if let Some(outcome) = ctx.outcome {
             route.counters.count(outcome);

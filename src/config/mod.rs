@@ -334,6 +334,9 @@ pub enum Allowance {
     Bucket { capacity: u64, refill: Rate },
     /// `amount` per calendar period, whole again at each of its UTC boundaries.
     Quota { amount: u64, period: Period },
+    /// At most `max` requests of one key in flight at once, fleet-wide. A lease a proxy never
+    /// released (it died) expires after `lease_ms`; `None`: the route's read timeout + 5 s.
+    Concurrency { max: u64, lease_ms: Option<u64> },
 }
 
 impl Allowance {
@@ -342,6 +345,7 @@ impl Allowance {
         match *self {
             Allowance::Bucket { capacity, .. } => capacity,
             Allowance::Quota { amount, .. } => amount,
+            Allowance::Concurrency { max, .. } => max,
         }
     }
 
@@ -350,15 +354,20 @@ impl Allowance {
         match self {
             Allowance::Bucket { .. } => "bucket",
             Allowance::Quota { .. } => "quota",
+            Allowance::Concurrency { .. } => "concurrency",
         }
     }
 
     /// The window of `RateLimit-Policy` at `now_us`, in seconds: the time to refill an empty
-    /// bucket, or the length of the quota's period (a month's varies).
-    pub fn window_secs(&self, now_us: u64) -> u64 {
+    /// bucket, or the length of the quota's period (a month's varies). A concurrency limit has
+    /// none.
+    pub fn window_secs(&self, now_us: u64) -> Option<u64> {
         match *self {
-            Allowance::Bucket { capacity, refill } => refill.fill_us(capacity).div_ceil(1_000_000),
-            Allowance::Quota { period, .. } => period.length_secs(now_us),
+            Allowance::Bucket { capacity, refill } => {
+                Some(refill.fill_us(capacity).div_ceil(1_000_000))
+            }
+            Allowance::Quota { period, .. } => Some(period.length_secs(now_us)),
+            Allowance::Concurrency { .. } => None,
         }
     }
 }
@@ -371,6 +380,13 @@ impl fmt::Display for Allowance {
             }
             Allowance::Quota { amount, period } => {
                 write!(f, "quota {amount} per {} (UTC)", period.as_str())
+            }
+            Allowance::Concurrency { max, lease_ms } => {
+                write!(f, "concurrency {max} in flight")?;
+                match lease_ms {
+                    Some(ms) => write!(f, " (leases expire after {ms} ms)"),
+                    None => write!(f, " (leases expire after the read timeout + 5 s)"),
+                }
             }
         }
     }

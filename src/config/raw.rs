@@ -172,6 +172,8 @@ pub(super) struct RawLimit {
     pub capacity: Option<u64>,
     pub refill: Option<String>,
     pub quota: Option<RawQuota>,
+    pub concurrency: Option<u64>,
+    pub lease_ms: Option<u64>,
     pub key: Option<OneOrMany>,
     pub on_missing_key: Option<String>,
     pub on_duplicate_key_header: Option<String>,

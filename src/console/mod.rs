@@ -43,11 +43,11 @@ fn route(r: &Route) -> Value {
             "capacity": l.allowance.capacity(),
             "refill": match l.allowance {
                 Allowance::Bucket { refill, .. } => Some(refill.to_string()),
-                Allowance::Quota { .. } => None,
+                _ => None,
             },
             "period": match l.allowance {
                 Allowance::Quota { period, .. } => Some(period.as_str()),
-                Allowance::Bucket { .. } => None,
+                _ => None,
             },
             "cost": l.cost,
             "key": l.key.iter().map(key_part).collect::<Vec<_>>(),

@@ -105,14 +105,14 @@ pub fn targets(config: &Config, query: &str) -> Result<(String, Vec<Target>), St
         targets.push(Target {
             limit: l.name.clone(),
             store_key: keys.key(i, &parts),
-            params: plan::bucket_params(l),
+            params: plan::bucket_params(l, route.upstream_timeouts.read),
             refill: match l.allowance {
                 Allowance::Bucket { refill, .. } => Some(refill.to_string()),
-                Allowance::Quota { .. } => None,
+                _ => None,
             },
             period: match l.allowance {
                 Allowance::Quota { period, .. } => Some(period.as_str()),
-                Allowance::Bucket { .. } => None,
+                _ => None,
             },
             key_missing: missing.then(|| l.on_missing_key.as_str()),
         });

@@ -226,12 +226,16 @@ impl DenyCache {
         }
         // A denial always leaves some bucket short; most admissions leave enough, and imply
         // nothing.
-        let short = decision
-            .limits
-            .iter()
-            .zip(params)
-            .any(|(l, p)| l.held < p.cost * p.scale);
-        if !short {
+        let short = |leases: bool| {
+            decision
+                .limits
+                .iter()
+                .zip(params)
+                .any(|(l, p)| l.held < p.cost * p.scale && (!leases || p.is_lease()))
+        };
+        // A concurrency limit's lease comes back when some request ends, which nothing here
+        // foresees: a decision it refused (or left without a lease) is never remembered.
+        if !short(false) || short(true) {
             if decision.allowed && self.entries.load(Ordering::Relaxed) > 0 {
                 for key in keys {
                     self.forget_key(key);

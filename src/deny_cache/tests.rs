@@ -1,6 +1,7 @@
 //! The deny cache on a driven clock: what it repeats, for how long, and who asks the store.
 
 use super::*;
+use crate::limiter::Kind;
 
 const BUDGET: Duration = Duration::from_millis(50);
 
@@ -9,7 +10,7 @@ const P: BucketParams = BucketParams {
     scale: 1_000_000,
     num: 1,
     cost: 1,
-    period: None,
+    kind: Kind::Bucket,
 };
 
 /// What the store answers for one bucket of `P` holding `held` units.

@@ -3,7 +3,7 @@
 //! The in-memory store runs it; the tests hold the Lua script to it. Any change here is a change
 //! to the script and the other way round.
 
-use super::{BucketParams, Decision, LimitState};
+use super::{BucketParams, Decision, Kind, LimitState};
 
 /// A stored bucket: `v` units of `1/scale` token held as of microsecond `t`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,15 +35,20 @@ impl State {
     }
 }
 
+/// A concurrency limit's answer to "when": a lease comes back when a request ends, which nobody
+/// can tell in advance; a client is asked to retry in a second.
+pub const LEASE_RETRY_US: u64 = 1_000_000;
+
 /// Microseconds from instant `t`, when the bucket holds `held` units, until it holds `want`: at
-/// the refill's pace, or at the next boundary for a quota (which is whole again then).
+/// the refill's pace, at the next boundary for a quota (which is whole again then).
 fn until(p: &BucketParams, t: u64, held: u64, want: u64) -> u64 {
     if held >= want {
         return 0;
     }
-    match p.period {
-        None => (want - held).div_ceil(p.num),
-        Some(period) => period.end(t) - t,
+    match p.kind {
+        Kind::Bucket => (want - held).div_ceil(p.num),
+        Kind::Quota(period) => period.end(t) - t,
+        Kind::Leases { .. } => LEASE_RETRY_US,
     }
 }
 
@@ -54,11 +59,12 @@ fn refill(now: u64, p: &BucketParams, s: Option<State>) -> State {
     let (mut held, mut at) = s.map_or((cap, now), |s| (s.rescaled(p), s.t));
     if now > at {
         let missing = cap.saturating_sub(held);
-        match p.period {
+        match p.kind {
             // A quota is whole again once `now` is in a later period than its instant.
-            Some(period) if missing > 0 && period.start(now) > at => held = cap,
-            Some(_) => {}
-            None if missing > 0 => {
+            Kind::Quota(period) if missing > 0 && period.start(now) > at => held = cap,
+            // Leases come back by release or expiry, which the store counts, not by time here.
+            Kind::Quota(_) | Kind::Leases { .. } => {}
+            Kind::Bucket if missing > 0 => {
                 let gained = u128::from(now - at) * u128::from(p.num);
                 held = if gained >= u128::from(missing) {
                     cap
@@ -66,7 +72,7 @@ fn refill(now: u64, p: &BucketParams, s: Option<State>) -> State {
                     held + gained as u64
                 };
             }
-            None => {}
+            Kind::Bucket => {}
         }
         at = now;
     }
@@ -84,11 +90,12 @@ pub fn report(now: u64, p: &BucketParams, s: &State, ok: bool) -> LimitState {
     let cost = p.cost * p.scale;
     let whole = s.v / p.scale;
     // From `now` until the bucket holds `want` units.
-    let wait = |want: u64| match p.period {
-        None => want.saturating_sub(s.v).div_ceil(p.num),
+    let wait = |want: u64| match p.kind {
+        Kind::Bucket => want.saturating_sub(s.v).div_ceil(p.num),
         // The boundary after the bucket's instant, which is ahead of `now` under skew.
-        Some(period) if s.v < want => period.end(s.t.max(now)) - now,
-        Some(_) => 0,
+        Kind::Quota(period) if s.v < want => period.end(s.t.max(now)) - now,
+        Kind::Leases { .. } if s.v < want => LEASE_RETRY_US,
+        Kind::Quota(_) | Kind::Leases { .. } => 0,
     };
     let wait_us = if !ok {
         wait(cost)
@@ -189,7 +196,7 @@ mod tests {
         scale: 1_000_000,
         num: 1,
         cost: 1,
-        period: None,
+        kind: Kind::Bucket,
     };
 
     /// 143,688,200,674 tokens at 1000000/s (scale 1) reloaded to capacity 104,249 at 1/d (scale
@@ -202,7 +209,7 @@ mod tests {
             scale: 86_400_000_000,
             num: 1,
             cost: 1,
-            period: None,
+            kind: Kind::Bucket,
         };
         let s = State {
             v: 143_688_200_674,
@@ -301,7 +308,7 @@ mod tests {
             scale: 100_000,
             num: 1,
             cost: 1,
-            period: None,
+            kind: Kind::Bucket,
         };
         let d = evaluate(0, &[new], &mut s);
         assert_eq!(d.limits[0].remaining, 2, "3 tokens carried over, 1 spent");
@@ -321,7 +328,7 @@ mod tests {
             scale: 1,
             num: 1,
             cost: 1,
-            period: None,
+            kind: Kind::Bucket,
         };
         let mut s = [Some(State {
             v: 0,

@@ -14,7 +14,7 @@
 //! few tokens its bucket was missing, and no new client is ever refused or let through unlimited.
 
 use super::bucket::{evaluate, State};
-use super::{Bucket, Decision, Inspected, Limiter, LimiterError};
+use super::{Bucket, Decision, Inspected, Kind, Limiter, LimiterError};
 use crate::clock::Clock;
 use std::collections::hash_map::{DefaultHasher, Entry};
 use std::collections::HashMap;
@@ -36,6 +36,8 @@ pub struct MemoryLimiter<C> {
 #[derive(Default)]
 struct Shard {
     buckets: HashMap<String, Stored>,
+    /// Concurrency limits' leases by key: (lease id, the microsecond it expires at).
+    leases: HashMap<String, Vec<(u64, u64)>>,
     inserts: usize,
 }
 
@@ -47,10 +49,23 @@ struct Stored {
 }
 
 impl Shard {
-    /// Forgets every bucket that is full again at `now`.
+    /// Forgets every bucket that is full again at `now`, and every expired lease.
     fn sweep(&mut self, now: u64) {
         self.buckets.retain(|_, s| s.full_at > now);
+        self.leases.retain(|_, held| {
+            held.retain(|&(_, expires)| expires > now);
+            !held.is_empty()
+        });
         self.inserts = 0;
+    }
+
+    /// The leases at `key` that have not expired at `now` (expired ones are dropped).
+    fn live_leases(&mut self, key: &str, now: u64) -> u64 {
+        let Some(held) = self.leases.get_mut(key) else {
+            return 0;
+        };
+        held.retain(|&(_, expires)| expires > now);
+        held.len() as u64
     }
 
     /// Makes room for one more bucket under `cap`.
@@ -124,18 +139,29 @@ impl<C: Clock> MemoryLimiter<C> {
         let mut states: Vec<Option<State>> = buckets
             .iter()
             .zip(&params)
-            // A bucket past its full instant is a full bucket, as an expired Redis key is.
-            .map(|(b, p)| {
-                shard
+            .map(|(b, p)| match p.kind {
+                // The free leases, as the arithmetic's units: a request takes one.
+                Kind::Leases { .. } => Some(State {
+                    v: p.capacity.saturating_sub(shard.live_leases(b.key, now)),
+                    t: now,
+                    scale: 1,
+                }),
+                // A bucket past its full instant is a full bucket, as an expired Redis key is.
+                _ => shard
                     .buckets
                     .get(b.key)
                     .map(|s| s.state)
-                    .filter(|s| s.full_at(p) > now)
+                    .filter(|s| s.full_at(p) > now),
             })
             .collect();
         let decision = evaluate(now, &params, &mut states);
         if decision.allowed {
             for ((b, p), state) in buckets.iter().zip(&params).zip(states) {
+                if let Kind::Leases { ms, id } = p.kind {
+                    let held = shard.leases.entry(b.key.to_string()).or_default();
+                    held.push((id, now + ms * 1000));
+                    continue;
+                }
                 let Some(state) = state else { continue };
                 let stored = Stored {
                     state,
@@ -153,12 +179,38 @@ impl<C: Clock> MemoryLimiter<C> {
     }
 }
 
+impl<C: Clock> MemoryLimiter<C> {
+    /// Ends the leases of `leases` (concurrency limits' buckets, each with its request's id).
+    pub fn give_back(&self, leases: &[Bucket<'_>]) {
+        for b in leases {
+            let Kind::Leases { id, .. } = b.params.kind else {
+                continue;
+            };
+            let mut shard = self
+                .shard(hash_tag(b.key))
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if let Some(held) = shard.leases.get_mut(b.key) {
+                held.retain(|&(lease, _)| lease != id);
+                if held.is_empty() {
+                    shard.leases.remove(b.key);
+                }
+            }
+        }
+    }
+}
+
 impl<C: Clock> Limiter for MemoryLimiter<C> {
     async fn check(&self, buckets: &[Bucket<'_>]) -> Result<Decision, LimiterError> {
         self.decide(buckets)
     }
 
     async fn ping(&self) -> Result<(), LimiterError> {
+        Ok(())
+    }
+
+    async fn release(&self, leases: &[Bucket<'_>]) -> Result<(), LimiterError> {
+        self.give_back(leases);
         Ok(())
     }
 
@@ -204,7 +256,7 @@ fn hash_tag(key: &str) -> &str {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::limiter::BucketParams;
+    use crate::limiter::{BucketParams, Kind};
     use std::sync::Arc;
 
     const P: BucketParams = BucketParams {
@@ -212,7 +264,7 @@ mod tests {
         scale: 1_000_000,
         num: 1,
         cost: 1,
-        period: None,
+        kind: Kind::Bucket,
     };
 
     fn hit(m: &MemoryLimiter<Arc<ManualClock>>, key: &str) -> Decision {

@@ -22,9 +22,22 @@ pub struct BucketParams {
     /// Units gained per microsecond; 0 for a quota.
     pub num: u64,
     pub cost: u64,
-    /// `Some`: a calendar quota of `capacity` per period, whole again at each of the period's
-    /// boundaries instead of refilling continuously (`scale` 1, `num` 0).
-    pub period: Option<Period>,
+    pub kind: Kind,
+}
+
+/// How a limit's allowance comes back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A token bucket: `num` units per microsecond, continuously.
+    Bucket,
+    /// A calendar quota of `capacity` per period, whole again at each of the period's boundaries
+    /// (`scale` 1, `num` 0).
+    Quota(Period),
+    /// A concurrency limit: at most `capacity` requests hold a lease at once (`scale` 1, `num` 0,
+    /// `cost` 1). A lease comes back when its request releases it, or `ms` after it was taken (a
+    /// proxy that died holding it). `id` names this request's lease, unique across the fleet
+    /// (0 in a route's plan; each request gets its own).
+    Leases { ms: u64, id: u64 },
 }
 
 impl BucketParams {
@@ -35,8 +48,44 @@ impl BucketParams {
             scale: 1,
             num: 0,
             cost,
-            period: Some(period),
+            kind: Kind::Quota(period),
         }
+    }
+
+    /// At most `max` requests in flight at once, a lease expiring after `ms` unless released.
+    pub const fn leases(max: u64, ms: u64) -> BucketParams {
+        BucketParams {
+            capacity: max,
+            scale: 1,
+            num: 0,
+            cost: 1,
+            kind: Kind::Leases { ms, id: 0 },
+        }
+    }
+
+    /// A quota's period.
+    pub fn period(&self) -> Option<Period> {
+        match self.kind {
+            Kind::Quota(period) => Some(period),
+            _ => None,
+        }
+    }
+
+    /// These params for the request whose lease is `id` (a concurrency limit's; others as they
+    /// are).
+    pub fn with_lease(self, id: u64) -> BucketParams {
+        match self.kind {
+            Kind::Leases { ms, .. } => BucketParams {
+                kind: Kind::Leases { ms, id },
+                ..self
+            },
+            _ => self,
+        }
+    }
+
+    /// Whether requests hold this limit's allowance only while in flight.
+    pub fn is_lease(&self) -> bool {
+        matches!(self.kind, Kind::Leases { .. })
     }
 }
 
@@ -171,6 +220,13 @@ pub trait Limiter: Send + Sync + 'static {
 
     /// Whether the store answers, for `/readyz`.
     fn ping(&self) -> impl Future<Output = Result<(), LimiterError>> + Send;
+
+    /// Ends the leases that `check` granted: `leases` are the concurrency limits' buckets of an
+    /// admitted request, as it drew them (their ids name its leases).
+    fn release(
+        &self,
+        leases: &[Bucket<'_>],
+    ) -> impl Future<Output = Result<(), LimiterError>> + Send;
 
     /// One bucket as the store holds it now, read without changing it (the admin API).
     fn inspect(&self, key: &str) -> impl Future<Output = Result<Inspected, LimiterError>> + Send {

@@ -4,7 +4,7 @@
 use crate::support::lua::{pack, stored, type_of, Script, T0};
 use ratelimit_proxy::limiter::bucket::{evaluate, State};
 use ratelimit_proxy::limiter::redis::Format;
-use ratelimit_proxy::limiter::{BucketParams, Decision, LimitState};
+use ratelimit_proxy::limiter::{BucketParams, Decision, Kind, LimitState};
 use redis::Value;
 
 fn per_second(capacity: u64, tokens_per_s: u64) -> BucketParams {
@@ -15,7 +15,7 @@ fn per_second(capacity: u64, tokens_per_s: u64) -> BucketParams {
         scale: 1_000_000 / g,
         num: tokens_per_s / g,
         cost: 1,
-        period: None,
+        kind: Kind::Bucket,
     }
 }
 
@@ -97,7 +97,7 @@ fn state_is_exact_in_either_format_and_expires_only_once_full() {
         scale: 1_000_000,
         num: 1,
         cost: 4,
-        period: None,
+        kind: Kind::Bucket,
     }; // 1 token/s
     for format in [Format::Hash, Format::Packed] {
         let s = Script::writing(format);
@@ -341,14 +341,14 @@ fn the_script_and_the_rust_mirror_agree_step_for_step() {
             scale: 1_000_000,
             num: 3,
             cost: 2,
-            period: None,
+            kind: Kind::Bucket,
         },
         BucketParams {
             capacity: 20,
             scale: 100_000,
             num: 1,
             cost: 1,
-            period: None,
+            kind: Kind::Bucket,
         },
     ];
     let keys = ["{x}:a", "{x}:b"];

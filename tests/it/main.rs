@@ -24,3 +24,4 @@ mod support;
 mod tls_listener;
 mod topologies;
 mod upstream_schemes;
+mod usage;

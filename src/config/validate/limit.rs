@@ -6,13 +6,34 @@ use crate::config::raw::{OneOrMany, RawLimit, RawQuota};
 use crate::config::*;
 
 impl Validator<'_> {
-    pub(super) fn limit(&mut self, r: Option<&str>, base: &[Seg], raw: RawLimit) -> Option<Limit> {
+    pub(super) fn limit(
+        &mut self,
+        r: Option<&str>,
+        base: &[Seg],
+        mut raw: RawLimit,
+    ) -> Option<Limit> {
         let before = self.problems.len();
-        let name = self.name(r, base, raw.name);
-        let allowance = match raw.quota {
-            Some(quota) => self.quota(r, base, &raw.capacity, &raw.refill, quota),
-            None => self.bucket(r, base, raw.capacity, raw.refill.as_deref()),
+        let name = self.name(r, base, raw.name.take());
+        let allowance = match (raw.quota.take(), raw.concurrency) {
+            (Some(_), Some(_)) => {
+                self.problem(
+                    r,
+                    at(base, &["concurrency"]),
+                    "cannot be combined with `quota` in one limit: make each a limit of its own",
+                );
+                None
+            }
+            (Some(quota), None) => self.quota(r, base, &raw.capacity, &raw.refill, quota),
+            (None, Some(max)) => self.concurrency(r, base, &raw, max),
+            (None, None) => self.bucket(r, base, raw.capacity, raw.refill.as_deref()),
         };
+        if raw.lease_ms.is_some() && raw.concurrency.is_none() {
+            self.problem(
+                r,
+                at(base, &["lease_ms"]),
+                "belongs to a `concurrency` limit: only a request in flight holds a lease",
+            );
+        }
         let key = self.key(r, base, raw.key);
         let on_missing_key = self
             .word(
@@ -29,11 +50,20 @@ impl Validator<'_> {
             )
             .unwrap_or_default();
         let cost = raw.cost.unwrap_or(1);
-        if let Some(allowance) = allowance {
+        if let (Some(Allowance::Concurrency { .. }), Some(c)) = (allowance, raw.cost) {
+            if c != 1 {
+                self.problem(
+                    r,
+                    at(base, &["cost"]),
+                    format!("a request holds one lease of a `concurrency` limit, got {c}"),
+                );
+            }
+        } else if let Some(allowance) = allowance {
             let cap = allowance.capacity();
             let what = match allowance {
                 Allowance::Bucket { .. } => "the capacity",
                 Allowance::Quota { .. } => "the quota's amount",
+                Allowance::Concurrency { .. } => "the concurrency",
             };
             if cost == 0 || cost > cap {
                 self.problem(
@@ -166,6 +196,51 @@ impl Validator<'_> {
         Some(Allowance::Quota {
             amount: amount?,
             period: period?,
+        })
+    }
+
+    /// A concurrency limit: `concurrency: N`, alone (a lease is held, not refilled).
+    fn concurrency(
+        &mut self,
+        r: Option<&str>,
+        base: &[Seg],
+        raw: &RawLimit,
+        max: u64,
+    ) -> Option<Allowance> {
+        let mut ok = true;
+        for (field, given) in [
+            ("capacity", raw.capacity.is_some()),
+            ("refill", raw.refill.is_some()),
+        ] {
+            if given {
+                self.problem(
+                    r,
+                    at(base, &[field]),
+                    "cannot be combined with `concurrency` in one limit: a request holds a lease \
+                     while in flight, nothing refills; make the bucket a limit of its own",
+                );
+                ok = false;
+            }
+        }
+        if max == 0 || max > EXACT_LIMIT {
+            self.problem(
+                r,
+                at(base, &["concurrency"]),
+                format!("must be an integer between 1 and 2^53, got {max}"),
+            );
+            ok = false;
+        }
+        if raw.lease_ms == Some(0) {
+            self.problem(
+                r,
+                at(base, &["lease_ms"]),
+                "must be an integer >= 1: how long a lease a dead proxy never released is held",
+            );
+            ok = false;
+        }
+        ok.then_some(Allowance::Concurrency {
+            max,
+            lease_ms: raw.lease_ms,
         })
     }
 

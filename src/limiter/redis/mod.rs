@@ -18,6 +18,7 @@
 mod batch;
 mod cluster;
 mod inspect;
+mod release;
 mod sentinel;
 mod standalone;
 mod wire;
@@ -28,7 +29,7 @@ pub use standalone::Standalone;
 
 use super::breaker::{Admission, Breaker, BreakerState, Transition};
 use super::bucket::{report, State};
-use super::{Bucket, BucketParams, Decision, ErrorKind, Inspected, Limiter, LimiterError};
+use super::{Bucket, BucketParams, Decision, ErrorKind, Inspected, Kind, Limiter, LimiterError};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::throttle::Throttle;
@@ -192,9 +193,10 @@ impl Caller {
         cmd.arg(self.format.word()).arg(limits.len());
         for p in &limits {
             cmd.arg(p.capacity).arg(p.scale);
-            match p.period {
-                Some(period) => cmd.arg(period.as_str()),
-                None => cmd.arg(p.num),
+            match p.kind {
+                Kind::Bucket => cmd.arg(p.num),
+                Kind::Quota(period) => cmd.arg(period.as_str()),
+                Kind::Leases { ms, id } => cmd.arg(format!("lease:{ms}:{id}")),
             };
             cmd.arg(p.cost);
         }
@@ -389,6 +391,10 @@ impl Limiter for RedisLimiter {
         }
     }
 
+    async fn release(&self, leases: &[Bucket<'_>]) -> Result<(), LimiterError> {
+        self.release_leases(leases).await
+    }
+
     async fn inspect(&self, key: &str) -> Result<Inspected, LimiterError> {
         self.inspect_bucket(key).await
     }
@@ -470,7 +476,7 @@ mod tests {
         scale: 1_000_000,
         num: 1,
         cost: 5,
-        period: None,
+        kind: Kind::Bucket,
     };
 
     #[test]

@@ -212,7 +212,7 @@ impl Step {
         match self.advance {
             Advance::None => 0,
             // A quota's: hundredths of a day.
-            Advance::Hundredths(k) if first.period.is_some() => k * 864_000_000,
+            Advance::Hundredths(k) if first.period().is_some() => k * 864_000_000,
             Advance::Hundredths(k) => {
                 (u128::from(first.scale) * u128::from(k) / 100 / u128::from(first.num))
                     .min(10_000_000_000_000) as u64
@@ -332,7 +332,7 @@ fn replay(s: &Script, h: &History) -> Result<(), TestCaseError> {
                 // descheduled between the script and PTTL; it is 0 to 1 ms in practice.)
                 let st = state.expect("an allowed request writes every bucket");
                 // A quota's key lives until its period's end, counted from the decision.
-                let from = if p.period.is_some() { now } else { st.t };
+                let from = if p.period().is_some() { now } else { st.t };
                 let fill_ms = (st.full_at(p) - from).div_ceil(1000) as i64;
                 prop_assert!(
                     fill_ms + 900 <= pttl && pttl <= fill_ms + 1000,
@@ -426,7 +426,7 @@ fn replay_batched(s: &Script, h: &History, how: &[Call]) -> Result<(), TestCaseE
             && h.limits
                 .iter()
                 .flatten()
-                .all(|l| l.params().period.is_none());
+                .all(|l| l.params().period().is_none());
         let lua = if previous {
             let (keys, params) = request(head);
             vec![s.previous(&keys, now, &params)]

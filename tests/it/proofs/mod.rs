@@ -9,6 +9,7 @@
 //! | `clock: proxy` over-admits at most rate × skew, never accumulating; `clock: redis` none | `clock_modes.rs` |
 //! | capacity 1 and 10^9, 1/d and 10^6/s, cost = capacity, idle and expiry, drift, long keys | `edge_cases.rs` |
 //! | thousands of concurrent requests: every decision counted once | `one_proxy.rs` |
+//! | concurrency leases: script ≡ in-memory store on random acquisitions, releases, expiries and reloads | `leases.rs` |
 //! | calendar quotas whole again exactly at UTC boundaries (leap day, ISO week); at most the amount per period across clocks straddling one | `quotas.rs` |
 //! | every spelling of a path (escapes, dot segments, slashes) meets one canonical form: one route, one bucket | `canonical.rs` |
 //!
@@ -26,6 +27,7 @@ mod clock_modes;
 mod differential;
 mod edge_cases;
 mod fleet;
+mod leases;
 mod one_proxy;
 mod quotas;
 
@@ -35,7 +37,7 @@ use proptest::test_runner::{
 };
 use ratelimit_proxy::clock::Clock;
 use ratelimit_proxy::config::Rate;
-use ratelimit_proxy::limiter::BucketParams;
+use ratelimit_proxy::limiter::{BucketParams, Kind};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -47,7 +49,7 @@ pub fn limit(capacity: u64, refill: &str, cost: u64) -> BucketParams {
         scale: rate.scale(),
         num: rate.num(),
         cost,
-        period: None,
+        kind: Kind::Bucket,
     }
 }
 

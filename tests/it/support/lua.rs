@@ -4,7 +4,7 @@
 
 use super::redis::RedisServer;
 use ratelimit_proxy::limiter::redis::{parse_reply, Format, TOKEN_BUCKET_LUA};
-use ratelimit_proxy::limiter::{Bucket, BucketParams, Decision};
+use ratelimit_proxy::limiter::{Bucket, BucketParams, Decision, Kind};
 use redis::Value;
 
 /// An instant in 2027, in µs: far from 0 and from 2^53 µs (year 2255), as real clocks are.
@@ -229,9 +229,10 @@ pub fn decision(reply: &Value, limits: &[BucketParams]) -> Decision {
 /// A limit's four arguments: capacity, scale, units per µs (a quota: its period), cost.
 pub fn limit_args(cmd: &mut redis::Cmd, p: &BucketParams) {
     cmd.arg(p.capacity).arg(p.scale);
-    match p.period {
-        Some(period) => cmd.arg(period.as_str()),
-        None => cmd.arg(p.num),
+    match p.kind {
+        Kind::Bucket => cmd.arg(p.num),
+        Kind::Quota(period) => cmd.arg(period.as_str()),
+        Kind::Leases { ms, id } => cmd.arg(format!("lease:{ms}:{id}")),
     };
     cmd.arg(p.cost);
 }

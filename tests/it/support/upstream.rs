@@ -1,7 +1,10 @@
 //! The service behind the proxy: a small HTTP/1.1 server on an ephemeral port that answers 200 and
 //! counts what reaches it, so a test can prove a rejected request never did, and keeps every
 //! request line and the last request's headers and body, so a test can see exactly what the proxy
-//! forwarded. `/slow` takes 700 ms. `start_tls` serves the same over TLS (rustls, ALPN http/1.1).
+//! forwarded. `/slow` takes 700 ms. `/hold` waits until the test opens the gate (`open`), so a
+//! test controls how many requests are in flight. `/usage/header/<n>` reports `n` tokens used in
+//! `x-usage-total-tokens`, `/usage/json/<n>` in a JSON body (`usage.total_tokens`), as LLM APIs
+//! do. `start_tls` serves the same over TLS (rustls, ALPN http/1.1).
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -20,6 +23,11 @@ struct Seen {
     lines: Mutex<Vec<String>>,
     /// The body of the last request.
     last_body: Mutex<Vec<u8>>,
+    /// `/hold` requests being served now, and the most at once.
+    in_flight: AtomicU64,
+    most_in_flight: AtomicU64,
+    /// Whether `/hold` requests may answer.
+    open: (Mutex<bool>, std::sync::Condvar),
 }
 
 pub struct Upstream {
@@ -78,6 +86,23 @@ impl Upstream {
             }
         });
         Upstream { addr, seen }
+    }
+
+    /// `/hold` requests waiting for the gate now.
+    pub fn in_flight(&self) -> u64 {
+        self.seen.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// The most `/hold` requests that were in flight at once.
+    pub fn most_in_flight(&self) -> u64 {
+        self.seen.most_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Lets `/hold` requests answer (`true`) or makes the next ones wait (`false`).
+    pub fn open(&self, open: bool) {
+        let (lock, wake) = &self.seen.open;
+        *lock.lock().unwrap() = open;
+        wake.notify_all();
     }
 
     /// Requests that reached the upstream so far.
@@ -155,9 +180,45 @@ fn serve(stream: impl Read + Write, seen: &Seen) {
             // short read timeout.
             std::thread::sleep(std::time::Duration::from_millis(700));
         }
-        let body = "hello from upstream\n";
+        if request_line.contains(" /hold") {
+            let now = seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            seen.most_in_flight.fetch_max(now, Ordering::SeqCst);
+            let (lock, wake) = &seen.open;
+            // Bounded: a test that forgets to open the gate still ends.
+            let _ = wake
+                .wait_timeout_while(
+                    lock.lock().unwrap(),
+                    std::time::Duration::from_secs(20),
+                    |open| !*open,
+                )
+                .unwrap();
+            seen.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+        let path = request_line.split(' ').nth(1).unwrap_or("");
+        let (content_type, usage_header, body) = match path.strip_prefix("/usage/") {
+            Some(rest) => match rest.split_once('/') {
+                Some(("header", n)) => (
+                    "text/plain",
+                    format!("x-usage-total-tokens: {n}\r\n"),
+                    "hello from upstream\n".to_string(),
+                ),
+                Some(("json", n)) => (
+                    "application/json",
+                    String::new(),
+                    format!(
+                        "{{\"id\":\"x\",\"usage\":{{\"prompt_tokens\":1,\"total_tokens\":{n}}}}}"
+                    ),
+                ),
+                _ => ("text/plain", String::new(), "no usage here\n".to_string()),
+            },
+            None => (
+                "text/plain",
+                String::new(),
+                "hello from upstream\n".to_string(),
+            ),
+        };
         let response = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
+            "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\n{usage_header}Content-Length: {}\r\n\r\n{body}",
             body.len()
         );
         let writer = reader.get_mut();

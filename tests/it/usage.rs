@@ -1,0 +1,213 @@
+//! Limits on what requests use rather than on how many arrive: requests in flight (concurrency),
+//! and usage charged from the response. Real proxies, a real Redis, a real upstream that holds
+//! requests open and reports usage.
+
+use crate::support::http::Response;
+use crate::support::proxy::Proxy;
+use crate::support::redis::RedisServer;
+use crate::support::upstream::Upstream;
+use crate::support::wait_for;
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+const KEY: (&str, &str) = ("x-api-key", "sk_live_one");
+
+/// Proxies on one Redis (`clock: redis`, failing closed so that no answer goes unaccounted) in
+/// front of one upstream; `limits` is the route's list, YAML.
+struct Fleet {
+    redis: Option<RedisServer>,
+    upstream: Upstream,
+    proxies: Vec<Proxy>,
+}
+
+impl Fleet {
+    fn start(n: usize, limits: &str) -> Fleet {
+        let redis = RedisServer::start();
+        let store = format!(
+            "redis:\n  url: \"{}\"\n  timeout_ms: 5000\n  clock: redis\n  state_format: packed\non_redis_error: closed\n",
+            redis.url()
+        );
+        Fleet::with(Some(redis), &store, n, limits)
+    }
+
+    /// One proxy with the in-memory store.
+    fn alone(limits: &str) -> Fleet {
+        Fleet::with(None, "", 1, limits)
+    }
+
+    fn with(redis: Option<RedisServer>, store: &str, n: usize, limits: &str) -> Fleet {
+        let upstream = Upstream::start();
+        let yaml = format!(
+            "listen: \"{{listen}}\"\nadmin: \"{{admin}}\"\n{store}routes:\n  - name: llm\n    upstream: \"{}\"\n    limits:\n{limits}",
+            upstream.addr
+        );
+        let proxies = std::thread::scope(|s| {
+            let starting: Vec<_> = (0..n).map(|_| s.spawn(|| Proxy::start(&yaml))).collect();
+            starting.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        Fleet {
+            redis,
+            upstream,
+            proxies,
+        }
+    }
+
+    /// `ratelimit_inflight` of the route's limit `limit`, summed over the proxies.
+    fn inflight(&self, limit: &str) -> u64 {
+        let series = format!("ratelimit_inflight{{limit=\"{limit}\",route=\"llm\"}}");
+        self.proxies.iter().map(|p| p.metric(&series) as u64).sum()
+    }
+}
+
+/// `count` requests for `path` at once, spread over the proxies in turn; each thread's answer.
+fn at_once(fleet: &Fleet, count: usize, path: &str) -> Vec<std::thread::JoinHandle<Response>> {
+    (0..count)
+        .map(|i| {
+            let addr = fleet.proxies[i % fleet.proxies.len()].addr;
+            let path = path.to_string();
+            std::thread::spawn(move || crate::support::http::get(addr, &path, &[KEY]))
+        })
+        .collect()
+}
+
+const INFLIGHT: &str = "      - { name: inflight, concurrency: 4, key: \"header:x-api-key\" }\n";
+
+/// 4N requests of one key at once through three proxies against a limit of N: exactly N reach the
+/// upstream, the other 3N are refused at once (not cacheable, `Retry-After: 1`); when they end,
+/// their leases are released and N more may run.
+#[test]
+fn a_concurrency_limit_holds_exactly_under_four_times_as_many_requests_across_three_proxies() {
+    let fleet = Fleet::start(3, INFLIGHT);
+    let mut answers = at_once(&fleet, 16, "/hold");
+    // The refused come back while the admitted wait at the upstream.
+    let mut refused = Vec::new();
+    wait_for("12 refusals", Duration::from_secs(20), || {
+        let (done, waiting): (Vec<_>, Vec<_>) = answers.drain(..).partition(|h| h.is_finished());
+        answers = waiting;
+        refused.extend(done.into_iter().map(|h| h.join().unwrap()));
+        (refused.len() >= 12).then_some(())
+    });
+    wait_for("4 at the upstream", Duration::from_secs(10), || {
+        (fleet.upstream.in_flight() == 4).then_some(())
+    });
+    assert_eq!(refused.len(), 12);
+    for r in &refused {
+        assert_eq!(r.status, 429, "{r:?}");
+        assert_eq!(r.header("retry-after"), Some("1"), "{r:?}");
+        assert_eq!(r.header("x-ratelimit-remaining"), Some("0"), "{r:?}");
+        assert_eq!(
+            r.header("ratelimit-policy"),
+            Some("\"inflight\";q=4;qu=\"concurrent-requests\""),
+            "{r:?}"
+        );
+    }
+    assert_eq!(
+        fleet.inflight("inflight"),
+        4,
+        "leases held, over the proxies"
+    );
+    let denied: u64 = fleet
+        .proxies
+        .iter()
+        .map(|p| p.metric("ratelimit_deny_cache_hits_total{route=\"llm\"}") as u64)
+        .sum();
+    assert_eq!(
+        denied, 0,
+        "a concurrency refusal is never answered from memory"
+    );
+
+    fleet.upstream.open(true);
+    for h in answers {
+        assert_eq!(h.join().unwrap().status, 200);
+    }
+    assert_eq!(
+        fleet.upstream.most_in_flight(),
+        4,
+        "never more than the limit"
+    );
+    wait_for("the leases released", Duration::from_secs(10), || {
+        (fleet.inflight("inflight") == 0).then_some(())
+    });
+    // Released in Redis too: N at once pass again, and the next is refused.
+    fleet.upstream.open(false);
+    let again = at_once(&fleet, 4, "/hold");
+    wait_for("4 more at the upstream", Duration::from_secs(10), || {
+        (fleet.upstream.in_flight() == 4).then_some(())
+    });
+    assert_eq!(fleet.proxies[0].get("/x", &[KEY]).status, 429);
+    assert_eq!(
+        fleet.proxies[0]
+            .get("/x", &[("x-api-key", "sk_other")])
+            .status,
+        200,
+        "another key has its own leases"
+    );
+    fleet.upstream.open(true);
+    for h in again {
+        assert_eq!(h.join().unwrap().status, 200);
+    }
+}
+
+/// A proxy killed while its requests hold leases never releases them: they expire after
+/// `lease_ms`, and until then they still count, fleet-wide.
+#[test]
+fn leases_a_killed_proxy_held_expire_after_lease_ms() {
+    let fleet = Fleet::start(
+        2,
+        "      - { name: inflight, concurrency: 2, lease_ms: 2000, key: \"header:x-api-key\" }\n",
+    );
+    let mut fleet = fleet;
+    let victim = fleet.proxies.remove(0);
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let addr = victim.addr;
+            std::thread::spawn(move || crate::support::http::get(addr, "/hold", &[KEY]))
+        })
+        .collect();
+    wait_for("2 at the upstream", Duration::from_secs(10), || {
+        (fleet.upstream.in_flight() == 2).then_some(())
+    });
+    victim.signal("-KILL");
+    let killed = Instant::now();
+    let other = &fleet.proxies[0];
+    assert_eq!(other.get("/x", &[KEY]).status, 429, "still held");
+    let admitted = wait_for("the leases to expire", Duration::from_secs(10), || {
+        (other.get("/x", &[KEY]).status == 200).then(Instant::now)
+    });
+    let waited = admitted - killed;
+    assert!(
+        waited < Duration::from_millis(2000 + 1500),
+        "expired within lease_ms: {waited:?}"
+    );
+    fleet.upstream.open(true);
+    for h in held {
+        let _ = h.join();
+    }
+    drop(victim);
+}
+
+/// In one proxy with the in-memory store: the same limit, a lease released when the client goes
+/// away mid-request.
+#[test]
+fn a_concurrency_limit_in_memory_releases_a_lease_when_its_client_goes_away() {
+    let fleet =
+        Fleet::alone("      - { name: inflight, concurrency: 1, key: \"header:x-api-key\" }\n");
+    let proxy = &fleet.proxies[0];
+    let mut gone = TcpStream::connect(proxy.addr).unwrap();
+    gone.write_all(b"GET /hold HTTP/1.1\r\nHost: a\r\nx-api-key: sk_live_one\r\n\r\n")
+        .unwrap();
+    wait_for("1 at the upstream", Duration::from_secs(10), || {
+        (fleet.upstream.in_flight() == 1).then_some(())
+    });
+    assert_eq!(fleet.inflight("inflight"), 1);
+    let r = proxy.get("/x", &[KEY]);
+    assert_eq!(r.status, 429, "{r:?}");
+    drop(gone);
+    wait_for("the lease released", Duration::from_secs(10), || {
+        (fleet.inflight("inflight") == 0).then_some(())
+    });
+    assert_eq!(proxy.get("/x", &[KEY]).status, 200);
+    fleet.upstream.open(true);
+    assert!(fleet.redis.is_none());
+}
