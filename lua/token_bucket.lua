@@ -24,7 +24,9 @@
 --                    a dead proxy never released expire by themselves.
 --          cost      whole tokens a request takes
 -- Then, for each request in turn:
---          n         how many limits it has; its buckets are the next n KEYS
+--          n         how many limits it has; its buckets are the next n KEYS. Negative (-n): a
+--                    charge of usage a response reported, not a decision: each limit's cost
+--                    (negative: a refund) is taken whatever the bucket holds, going into debt
 --          and n limit numbers (1 to m), one per bucket
 -- KEYS     every request's buckets, in order. On a Redis Cluster all of them share one slot.
 --
@@ -351,9 +353,11 @@ local function write(key, j, held, at, same, kind)
   end
   local us
   if period[j] then
-    us = boundary(period[j], at, 1) - now
+    -- Whole (a refund can make it so), it is the same as no key from its instant on.
+    us = (held < cap[j] and boundary(period[j], at, 1) or at) - now
   else
-    us = math.ceil((cap[j] - held) / num[j])
+    -- From now: a bucket in debt (or written by a clock ahead) refills only from `at`.
+    us = math.ceil((cap[j] - held) / num[j]) + (at - now)
   end
   local ms = string.format('%d', math.ceil(us / 1000) + 1000)
   if packed then
@@ -373,6 +377,23 @@ local function write(key, j, held, at, same, kind)
   redis.call('PEXPIRE', key, ms)
 end
 
+-- A charge of limit j's cost from a bucket holding `held` at `at`, as src/limiter/bucket.rs
+-- `debit` does: a refund (negative cost) up to the capacity; more than it holds leaves it empty
+-- with its instant moved ahead by the time the refill takes to pay the rest (a debt, which every
+-- version reads as a bucket written ahead); a quota is left empty instead.
+local function debit(j, held, at)
+  local c = cost[j]
+  if c < 0 then
+    return math.min(cap[j], held - c), at
+  elseif held >= c then
+    return held - c, at
+  elseif period[j] then
+    return 0, at
+  end
+  -- A century at most (as bucket.rs DEBT_HORIZON_US): instants stay exact however often charged.
+  return 0, math.min(at + math.ceil((c - held) / num[j]), now + 3153600000000000)
+end
+
 local reply = { now }
 local r = 1
 local k = 0
@@ -381,12 +402,17 @@ local args = #ARGV
 local v, t, bad, same, kind, lim = {}, {}, {}, {}, {}, {}
 while a <= args do
   local n = number[ARGV[a]]
+  -- A charge: each limit's cost (negative: a refund) is taken whatever the bucket holds.
+  local charge = n < 0
+  if charge then
+    n = -n
+  end
   local allowed = 1
   for i = 1, n do
     local j = number[ARGV[a + i]]
     lim[i] = j
     v[i], t[i], bad[i], same[i], kind[i] = refill(KEYS[k + i], j)
-    if v[i] < cost[j] then
+    if v[i] < cost[j] and not charge then
       allowed = 0
     end
   end
@@ -395,7 +421,10 @@ while a <= args do
   reply[r] = allowed
   for i = 1, n do
     local j = lim[i]
-    if allowed == 1 then
+    if charge then
+      v[i], t[i] = debit(j, v[i], t[i])
+      write(KEYS[k + i], j, v[i], t[i], same[i], kind[i])
+    elseif allowed == 1 then
       v[i] = v[i] - cost[j]
       write(KEYS[k + i], j, v[i], t[i], same[i], kind[i])
     end

@@ -29,10 +29,22 @@ pub fn route_table(config: &Config) -> String {
             };
             let _ = writeln!(
                 out,
-                "       limit {}: {}, cost {}, per {}{}{}",
+                "       limit {}: {}, cost {}{}, per {}{}{}",
                 l.name,
                 l.allowance,
                 l.cost,
+                match &l.charge {
+                    Some(c) => format!(
+                        " up front, then what the response reports in {}{}",
+                        c.from,
+                        if c.refund_unused {
+                            " (unused refunded)"
+                        } else {
+                            ""
+                        }
+                    ),
+                    None => String::new(),
+                },
                 key.join(" + "),
                 if l.key == [KeySource::Route] {
                     String::new()

@@ -9,16 +9,17 @@
 
 use crate::clock::Clock;
 use crate::config::FailMode;
+use crate::config::UsageSource;
 use crate::deny_cache::{Consult, DenyCache};
 use crate::draw::{draws, Draw, Draws, RequestFacts};
+use crate::held::{Held, Lease, LeaseIds};
+use crate::limiter::bucket::clamp_charge;
 use crate::limiter::memory::MemoryLimiter;
-use crate::limiter::{Bucket, BucketParams, Decision, Limiter, LimiterError};
+use crate::limiter::{Bucket, Decision, LimitState, Limiter, LimiterError};
 use crate::metrics::Outcome;
 use crate::plan::RoutePlan;
 use http::HeaderMap;
-use prometheus::IntGauge;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub struct Gate<L, C> {
@@ -118,13 +119,15 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
         let (verdict, shadow_rejects) =
             tokio::join!(self.decide(route, &enforced), self.shadow(route, &shadow));
         self.rank(route, &enforced, &verdict);
-        let (shadow_rejects, shadow_holds) = shadow_rejects;
-        if shadow_holds {
-            held.take(route, &shadow, false);
+        let (shadow_rejects, shadow_admits) = shadow_rejects;
+        if shadow_admits {
+            held.take(route, &shadow, false, false);
         }
         match &verdict {
-            Decided::Pass(Outcome::Allowed, Some(_)) => held.take(route, &enforced, false),
-            Decided::Pass(Outcome::LocalFallback, Some(_)) => held.take(route, &enforced, true),
+            Decided::Pass(Outcome::Allowed, Some(_)) => held.take(route, &enforced, false, true),
+            Decided::Pass(Outcome::LocalFallback, Some(_)) => {
+                held.take(route, &enforced, true, true)
+            }
             _ => {}
         }
         let verdict = match verdict {
@@ -143,9 +146,62 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
         (verdict, held)
     }
 
+    /// Charges what `used` reports for each charge still owed whose source it can tell
+    /// (`used(source)`: `Some(Some(n))` used n, `Some(None)` did not say, `None` not known yet).
+    /// Returns the enforced limits' buckets after their charges (the route's limit index, its
+    /// state), for the response headers when they have not gone out yet.
+    pub async fn settle(
+        &self,
+        held: &mut Held,
+        used: impl Fn(&UsageSource) -> Option<Option<u64>>,
+    ) -> Vec<(usize, LimitState)> {
+        let mut after = Vec::new();
+        for owed in held.owed.iter_mut().filter(|o| !o.settled) {
+            let Some(reported) = used(&owed.charge.from) else {
+                continue;
+            };
+            owed.settled = true;
+            let Some(amount) = owed.amount(reported) else {
+                continue;
+            };
+            let amount = clamp_charge(&owed.params, amount);
+            let bucket = [Bucket {
+                key: &owed.key,
+                params: owed.params,
+            }];
+            let charged = match owed.local {
+                true => self.fallback.charge_now(&bucket, &[amount]),
+                false => self.limiter.charge(&bucket, &[amount]).await,
+            };
+            match charged {
+                Ok(d) => {
+                    if let (Some(cache), false) = (&self.deny_cache, owed.local) {
+                        let keys = [owed.key.clone()];
+                        cache.note(&keys, &[owed.params], &d, self.clock.now_us(), None);
+                    }
+                    if let (true, Some(&state)) = (owed.enforced, d.limits.first()) {
+                        after.push((owed.limit, state));
+                    }
+                }
+                // The up-front cost stands; the store's error counter says why.
+                Err(e) => log::debug!("usage of {} not charged: {e}", owed.key),
+            }
+        }
+        after
+    }
+
     /// Ends the leases a request held (`admit`): called when its response is done, or when it
     /// was aborted or its client went away. A store that cannot be told lets them expire.
-    pub async fn release(&self, held: Held) {
+    pub async fn release(&self, held: &mut Held) {
+        let (store, local) = (
+            std::mem::take(&mut held.store),
+            std::mem::take(&mut held.local),
+        );
+        let held = Held {
+            store,
+            local,
+            owed: Vec::new(),
+        };
         if !held.store.is_empty() {
             let buckets: Vec<Bucket<'_>> = held.store.iter().map(Lease::bucket).collect();
             if let Err(e) = self.limiter.release(&buckets).await {
@@ -239,95 +295,19 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
     }
 
     /// Whether the shadow limits would have rejected the request (unknown counts as no), and
-    /// whether they admitted it holding leases (a shadow concurrency limit counts requests in
-    /// flight like an enforced one, so its leases are released alike).
+    /// whether they admitted it (a shadow concurrency limit counts requests in flight and a
+    /// shadow charge charges like enforced ones, so their leases and charges are settled alike).
     async fn shadow(&self, route: &RoutePlan, draw: &Draw) -> (bool, bool) {
         if draw.is_empty() {
             return (false, false);
         }
         match self.limiter.check(&draw.buckets()).await {
-            Ok(d) => (!d.allowed, d.allowed && draw.leases()),
+            Ok(d) => (!d.allowed, d.allowed),
             Err(e) => {
                 log::debug!("route {}: shadow limits not decided: {e}", route.name);
                 (false, false)
             }
         }
-    }
-}
-
-/// The concurrency leases one admitted request holds, in the store or (failing over locally) in
-/// the fallback.
-#[derive(Default)]
-pub struct Held {
-    store: Vec<Lease>,
-    local: Vec<Lease>,
-}
-
-impl Held {
-    pub fn is_empty(&self) -> bool {
-        self.store.is_empty() && self.local.is_empty()
-    }
-
-    /// The leases among `draw`'s buckets, which were just granted.
-    fn take(&mut self, route: &RoutePlan, draw: &Draw, local: bool) {
-        let params = if local { &draw.local } else { &draw.params };
-        for ((key, p), &i) in draw.keys.iter().zip(params).zip(&draw.limits) {
-            if !p.is_lease() {
-                continue;
-            }
-            let gauge = route.limits.get(i).and_then(|l| l.inflight.clone());
-            if let Some(g) = &gauge {
-                g.inc();
-            }
-            let lease = Lease {
-                key: key.clone(),
-                params: p.with_lease(draw.lease),
-                gauge,
-            };
-            match local {
-                true => self.local.push(lease),
-                false => self.store.push(lease),
-            }
-        }
-    }
-}
-
-struct Lease {
-    key: String,
-    params: BucketParams,
-    gauge: Option<IntGauge>,
-}
-
-impl Lease {
-    fn bucket(&self) -> Bucket<'_> {
-        Bucket {
-            key: &self.key,
-            params: self.params,
-        }
-    }
-}
-
-/// Lease ids unique across a fleet: this process's random start, then one after another.
-struct LeaseIds(AtomicU64);
-
-impl LeaseIds {
-    fn new() -> LeaseIds {
-        use std::hash::{BuildHasher, Hasher};
-        // Seeded by the OS's randomness (std's hasher keys); the time and the process id keep
-        // two processes apart even if it were not.
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
-        h.write_u32(std::process::id());
-        LeaseIds(AtomicU64::new(h.finish()))
-    }
-
-    fn next(&self) -> u64 {
-        // Ids travel as decimal text and never 0 (the plan's placeholder).
-        self.0.fetch_add(1, Ordering::Relaxed).max(1)
     }
 }
 
@@ -380,6 +360,10 @@ mod tests {
         async fn release(&self, _: &[Bucket<'_>]) -> Result<(), LimiterError> {
             Err(LimiterError::Connection("refused".into()))
         }
+
+        async fn charge(&self, _: &[Bucket<'_>], _: &[i64]) -> Result<Decision, LimiterError> {
+            Err(LimiterError::Connection("refused".into()))
+        }
     }
 
     /// The in-memory store, counting the calls that reach it.
@@ -400,6 +384,14 @@ mod tests {
 
         async fn release(&self, leases: &[Bucket<'_>]) -> Result<(), LimiterError> {
             self.store.release(leases).await
+        }
+
+        async fn charge(
+            &self,
+            b: &[Bucket<'_>],
+            amounts: &[i64],
+        ) -> Result<Decision, LimiterError> {
+            self.store.charge(b, amounts).await
         }
     }
 

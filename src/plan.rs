@@ -4,7 +4,7 @@
 
 use crate::client::ClientIdentity;
 use crate::config::{
-    Allow, Allowance, Config, DenyResponse, DuplicateKeyHeader, EscapedSlashes, FailMode,
+    Allow, Allowance, Charge, Config, DenyResponse, DuplicateKeyHeader, EscapedSlashes, FailMode,
     HealthCheck, KeySource, Limit, MissingKey, Route, UpstreamTimeouts,
 };
 use crate::headers::RouteHeaders;
@@ -15,7 +15,7 @@ use crate::peer;
 use crate::route::RouteTable;
 use crate::upstream::UpstreamPool;
 use pingora::upstreams::peer::HttpPeer;
-use prometheus::IntGauge;
+use prometheus::{IntCounter, IntGauge};
 use std::net::ToSocketAddrs;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +31,10 @@ pub struct LimitPlan {
     pub local: BucketParams,
     /// A concurrency limit's `ratelimit_inflight` gauge.
     pub inflight: Option<IntGauge>,
+    /// Where the response reports the usage to charge, if it does.
+    pub charge: Option<Charge>,
+    /// `ratelimit_usage_charged_total` and `ratelimit_usage_unreported_total`, when charged.
+    pub usage: Option<(IntCounter, IntCounter)>,
 }
 
 pub struct RoutePlan {
@@ -144,6 +148,8 @@ impl Plan {
                                 inflight: params
                                     .is_lease()
                                     .then(|| metrics.inflight(&r.name, &l.name)),
+                                charge: l.charge.clone(),
+                                usage: l.charge.as_ref().map(|_| metrics.usage(&r.name, &l.name)),
                             }
                         })
                         .collect(),

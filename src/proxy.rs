@@ -4,13 +4,16 @@
 use crate::answer;
 use crate::canonical::{self, Refused, Rewrite};
 use crate::clock::SystemClock;
-use crate::gate::{Asking, Gate, Held, Verdict};
+use crate::config::UsageSource;
+use crate::gate::{Asking, Gate, Verdict};
 use crate::head_room;
 use crate::headers;
+use crate::held::Held;
 use crate::limiter::{Decision, Limiter};
 use crate::metrics::{Closed, Metrics, Outcome};
 use crate::plan::{Plan, RoutePlan};
 use crate::reload::LivePlan;
+use crate::usage::{self, Reported};
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::{header, HeaderValue};
@@ -52,8 +55,11 @@ pub struct RequestCtx {
     upstream: Option<usize>,
     /// What the upstream is told that the client spelled differently.
     rewrite: Rewrite,
-    /// Concurrency leases, held until `logging` (whatever ended the request).
+    /// Concurrency leases, held until `logging` (whatever ended the request), and usage to
+    /// charge from the response.
     held: Held,
+    /// What the response reported of its usage so far.
+    reported: Reported,
 }
 
 #[async_trait]
@@ -298,6 +304,19 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        // Usage reported in a header is charged before the headers go out, so they tell the
+        // balance after this response.
+        if ctx.held.owes(|s| matches!(s, UsageSource::Header(_))) {
+            let resp = &*upstream_response;
+            let after = self
+                .gate
+                .settle(&mut ctx.held, |s| usage::at_head(resp, s))
+                .await;
+            if let Some((decision, limits)) = &mut ctx.decision {
+                decision.update(limits, &after);
+            }
+        }
+        ctx.reported.head(&ctx.held, upstream_response);
         if let (Some((decision, limits)), Some(route)) = (&ctx.decision, route_of(ctx)) {
             head_room::response(upstream_response, headers::MOST)?;
             route.headers.each(decision, limits, |name, value| {
@@ -308,9 +327,36 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         Ok(())
     }
 
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<std::time::Duration>> {
+        ctx.reported.body(body.as_ref());
+        Ok(None)
+    }
+
+    fn upstream_response_trailer_filter(
+        &self,
+        _session: &mut Session,
+        trailers: &mut http::HeaderMap,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        ctx.reported.trailers(&ctx.held, trailers);
+        Ok(())
+    }
+
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
-        if !ctx.held.is_empty() {
-            self.gate.release(std::mem::take(&mut ctx.held)).await;
+        // After the response: the client has it, and a next request on this connection is read
+        // only once this returns, so it meets the charge.
+        if ctx.held.owes(|_| true) {
+            let reported = &ctx.reported;
+            self.gate.settle(&mut ctx.held, |s| reported.used(s)).await;
+        }
+        if ctx.held.leases() {
+            self.gate.release(&mut ctx.held).await;
         }
         let Some(route) = route_of(ctx) else { return };
         if let Some(outcome) = ctx.outcome {

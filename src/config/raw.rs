@@ -174,6 +174,8 @@ pub(super) struct RawLimit {
     pub quota: Option<RawQuota>,
     pub concurrency: Option<u64>,
     pub lease_ms: Option<u64>,
+    pub charge_from_response: Option<String>,
+    pub refund_unused: Option<bool>,
     pub key: Option<OneOrMany>,
     pub on_missing_key: Option<String>,
     pub on_duplicate_key_header: Option<String>,

@@ -50,6 +50,8 @@ fn route(r: &Route) -> Value {
                 _ => None,
             },
             "cost": l.cost,
+            "charge_from_response": l.charge.as_ref().map(|c| c.from.to_string()),
+            "refund_unused": l.charge.as_ref().map(|c| c.refund_unused),
             "key": l.key.iter().map(key_part).collect::<Vec<_>>(),
             "on_missing_key": l.on_missing_key.as_str(),
             "shadow": l.shadow || r.shadow,

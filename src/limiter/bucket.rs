@@ -91,7 +91,9 @@ pub fn report(now: u64, p: &BucketParams, s: &State, ok: bool) -> LimitState {
     let whole = s.v / p.scale;
     // From `now` until the bucket holds `want` units.
     let wait = |want: u64| match p.kind {
-        Kind::Bucket => want.saturating_sub(s.v).div_ceil(p.num),
+        // A bucket written ahead (in debt, or by a clock ahead) refills only from its instant.
+        Kind::Bucket if s.v < want => s.t.saturating_sub(now) + (want - s.v).div_ceil(p.num),
+        Kind::Bucket => 0,
         // The boundary after the bucket's instant, which is ahead of `now` under skew.
         Kind::Quota(period) if s.v < want => period.end(s.t.max(now)) - now,
         Kind::Leases { .. } if s.v < want => LEASE_RETRY_US,
@@ -131,6 +133,68 @@ pub fn evaluate(now: u64, params: &[BucketParams], states: &mut [Option<State>])
         }
     }
     decision
+}
+
+/// Charges `amounts` (whole tokens, one per bucket) at `now`, whatever the buckets hold: what a
+/// response reported using beyond its up-front cost (`charge_from_response`). Every state is
+/// replaced. A negative amount gives tokens back (`refund_unused`), up to the capacity.
+///
+/// A bucket charged more than it holds goes into debt without a negative number: it is left
+/// empty with its instant moved ahead by the time the refill takes to pay the rest, from which it
+/// refills as a negative balance would (rounded up to the microsecond, never in the client's
+/// favour). Every version reads such a state (it is what a proxy clock running ahead writes), so
+/// fleets mixing versions stay exact. A quota has no refill to pay a debt with: it is left empty
+/// until its boundary, and the rest is forgiven.
+pub fn charge(
+    now: u64,
+    params: &[BucketParams],
+    amounts: &[i64],
+    states: &mut [Option<State>],
+) -> Decision {
+    let limits = params
+        .iter()
+        .zip(amounts)
+        .zip(states.iter_mut())
+        .map(|((p, &amount), slot)| {
+            let mut s = refill(now, p, *slot);
+            debit(now, p, &mut s, amount);
+            *slot = Some(s);
+            report(now, p, &s, true)
+        })
+        .collect();
+    Decision {
+        allowed: true,
+        limits,
+    }
+}
+
+/// `amount` as far as the stores' numbers stay exact (a Lua double holds integers to 2^53): a
+/// response that reports an absurd usage leaves its key in debt for centuries, never wraps.
+pub fn clamp_charge(p: &BucketParams, amount: i64) -> i64 {
+    const EXACT: u64 = 1 << 53;
+    let most = (EXACT.saturating_sub(p.capacity * p.scale) / p.scale.max(1) / 2) as i64;
+    amount.clamp(-most, most)
+}
+
+/// How far ahead of `now` a debt can move a bucket's instant: a century, which keeps every
+/// instant an exact integer in Lua however often a key is charged.
+pub const DEBT_HORIZON_US: u64 = 100 * 365 * 86_400_000_000;
+
+/// `amount` whole tokens taken from (or, negative, given back to) the refilled bucket `s`.
+fn debit(now: u64, p: &BucketParams, s: &mut State, amount: i64) {
+    let cap = p.capacity * p.scale;
+    let units = amount.unsigned_abs() * p.scale;
+    if amount < 0 {
+        s.v = (s.v + units).min(cap);
+    } else if s.v >= units {
+        s.v -= units;
+    } else {
+        let owed = units - s.v;
+        s.v = 0;
+        if p.kind == Kind::Bucket {
+            s.t = (s.t + owed.div_ceil(p.num)).min(now + DEBT_HORIZON_US);
+        }
+    }
 }
 
 /// What a request at `now` would be told by buckets last seen as `states`, which are not changed:
@@ -338,5 +402,27 @@ mod tests {
         let d = evaluate(u64::MAX / 2, &[fast], &mut s);
         assert_eq!(d.limits[0].remaining, 999_999_999);
         assert_eq!(s[0].unwrap().full_at(&fast), u64::MAX / 2 + 1);
+    }
+
+    #[test]
+    fn a_charge_beyond_the_balance_is_a_debt_the_refill_pays_first() {
+        let p = BucketParams { capacity: 10, ..P };
+        let mut s = [None];
+        // Full (10), charged 15: 5 owed, paid by 5 s of refill before a token shows.
+        let d = charge(0, &[p], &[15], &mut s);
+        assert_eq!((d.limits[0].remaining, d.limits[0].lag_us), (0, 5_000_000));
+        assert!(!evaluate(5_999_999, &[p], &mut s).allowed);
+        let d = evaluate(6_000_000, &[p], &mut s);
+        assert!(
+            d.allowed,
+            "a token 6 s on: 5 s of debt, then one second's refill"
+        );
+        // Refunds top up, never past the capacity.
+        let d = charge(6_000_000, &[p], &[-3], &mut s);
+        assert_eq!(d.limits[0].remaining, 3);
+        assert_eq!(
+            charge(6_000_000, &[p], &[-30], &mut s).limits[0].remaining,
+            10
+        );
     }
 }

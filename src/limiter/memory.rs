@@ -13,7 +13,7 @@
 //! soonest among a small sample (Redis's `volatile-ttl` policy): that client gets back at most the
 //! few tokens its bucket was missing, and no new client is ever refused or let through unlimited.
 
-use super::bucket::{evaluate, State};
+use super::bucket::{charge, evaluate, State};
 use super::{Bucket, Decision, Inspected, Kind, Limiter, LimiterError};
 use crate::clock::Clock;
 use std::collections::hash_map::{DefaultHasher, Entry};
@@ -180,6 +180,55 @@ impl<C: Clock> MemoryLimiter<C> {
 }
 
 impl<C: Clock> MemoryLimiter<C> {
+    /// `Limiter::charge`, synchronously (the shard's lock is never held across an await).
+    pub fn charge_now(
+        &self,
+        buckets: &[Bucket<'_>],
+        amounts: &[i64],
+    ) -> Result<Decision, LimiterError> {
+        let Some(first) = buckets.first() else {
+            return Ok(Decision {
+                allowed: true,
+                limits: Vec::new(),
+            });
+        };
+        let tag = hash_tag(first.key);
+        if buckets.iter().any(|b| hash_tag(b.key) != tag) {
+            return Err(LimiterError::Other(
+                "the keys of one charge must share a {hash tag}".into(),
+            ));
+        }
+        let now = self.clock.now_us();
+        let params: Vec<_> = buckets.iter().map(|b| b.params).collect();
+        let mut shard = self.shard(tag).lock().unwrap_or_else(|e| e.into_inner());
+        let mut states: Vec<Option<State>> = buckets
+            .iter()
+            .zip(&params)
+            .map(|(b, p)| {
+                shard
+                    .buckets
+                    .get(b.key)
+                    .map(|s| s.state)
+                    .filter(|s| s.full_at(p) > now)
+            })
+            .collect();
+        let decision = charge(now, &params, amounts, &mut states);
+        for ((b, p), state) in buckets.iter().zip(&params).zip(states) {
+            let Some(state) = state else { continue };
+            let stored = Stored {
+                state,
+                full_at: state.full_at(p),
+            };
+            if let Entry::Occupied(mut e) = shard.buckets.entry(b.key.to_string()) {
+                e.insert(stored);
+                continue;
+            }
+            shard.make_room(now, self.shard_cap);
+            shard.buckets.insert(b.key.to_string(), stored);
+        }
+        Ok(decision)
+    }
+
     /// Ends the leases of `leases` (concurrency limits' buckets, each with its request's id).
     pub fn give_back(&self, leases: &[Bucket<'_>]) {
         for b in leases {
@@ -207,6 +256,14 @@ impl<C: Clock> Limiter for MemoryLimiter<C> {
 
     async fn ping(&self) -> Result<(), LimiterError> {
         Ok(())
+    }
+
+    async fn charge(
+        &self,
+        buckets: &[Bucket<'_>],
+        amounts: &[i64],
+    ) -> Result<Decision, LimiterError> {
+        self.charge_now(buckets, amounts)
     }
 
     async fn release(&self, leases: &[Bucket<'_>]) -> Result<(), LimiterError> {

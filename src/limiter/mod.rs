@@ -159,6 +159,16 @@ impl Decision {
         }
     }
 
+    /// Replaces the states of the limits charged since (`after`: the route's limit index and
+    /// its state), where `limits` gives each state's route index.
+    pub fn update(&mut self, limits: &[usize], after: &[(usize, LimitState)]) {
+        for (i, state) in after {
+            if let Some(j) = limits.iter().position(|l| l == i) {
+                self.limits[j] = *state;
+            }
+        }
+    }
+
     /// Microseconds until this request's cost would be admitted by every limit; 0 when allowed.
     pub fn retry_after_us(&self) -> u64 {
         self.limits
@@ -227,6 +237,15 @@ pub trait Limiter: Send + Sync + 'static {
         &self,
         leases: &[Bucket<'_>],
     ) -> impl Future<Output = Result<(), LimiterError>> + Send;
+
+    /// Takes `amounts[i]` whole tokens from `buckets[i]` (negative: gives them back, up to the
+    /// capacity) whatever they hold, going into debt: the usage a response reported beyond its
+    /// up-front cost. The decision is the buckets after the charge (`allowed` is always true).
+    fn charge(
+        &self,
+        buckets: &[Bucket<'_>],
+        amounts: &[i64],
+    ) -> impl Future<Output = Result<Decision, LimiterError>> + Send;
 
     /// One bucket as the store holds it now, read without changing it (the admin API).
     fn inspect(&self, key: &str) -> impl Future<Output = Result<Inspected, LimiterError>> + Send {

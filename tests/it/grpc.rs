@@ -4,12 +4,13 @@
 //! RESOURCE_EXHAUSTED (not the UNAVAILABLE a plain 429 maps to), over h2c and over TLS; a store
 //! that is down on a fail-closed route is UNAVAILABLE.
 
-use crate::support::free_port;
 use crate::support::proxy::Proxy;
 use crate::support::tls::certificates;
+use crate::support::{free_port, wait_for};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::Duration;
 
 const PEER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/support/grpc_peer.py");
 
@@ -309,4 +310,44 @@ fn grpc_calls_reach_a_tls_upstream_over_http2() {
     );
     let proxy = Proxy::start(&yaml);
     three_of_each_kind(&proxy.addr.to_string(), None);
+}
+
+/// Usage a gRPC upstream reports in a trailer is charged once the call ends (after the trailers
+/// passed through): the next call sees the balance after it.
+#[test]
+fn usage_reported_in_a_grpc_trailer_is_charged_after_the_call() {
+    let server = GrpcServer::start();
+    let yaml = format!(
+        "listen:\n  - {{ address: \"{{listen}}\", h2c: true }}\nadmin: \"{{admin}}\"\n\
+         routes:\n  - name: grpc-orders\n    match: {{ path_prefix: \"/orders.v1.Orders/\" }}\n    \
+         upstream: \"h2c://127.0.0.1:{}\"\n    \
+         limits: [{{ name: tokens, capacity: 100, refill: \"1/h\", key: \"header:x-api-key\", \
+         charge_from_response: \"trailer:x-usage-total-tokens\" }}]\n",
+        server.port
+    );
+    let proxy = Proxy::start(&yaml);
+    let target = proxy.addr.to_string();
+    let first = calls(&target, None, &["Usage:k"]);
+    assert_eq!(first[0].code, "OK", "{:?}", first[0]);
+    assert_eq!(
+        first[0].meta("x-usage-total-tokens"),
+        Some("42"),
+        "the trailer reaches the client"
+    );
+    assert_eq!(
+        first[0].meta("x-ratelimit-remaining"),
+        Some("99"),
+        "up front: 1"
+    );
+    let charged = "ratelimit_usage_charged_total{limit=\"tokens\",route=\"grpc-orders\"}";
+    wait_for("the charge", Duration::from_secs(10), || {
+        (proxy.metric(charged) == 42.0).then_some(())
+    });
+    let second = calls(&target, None, &["Get:k"]);
+    assert_eq!(
+        second[0].meta("x-ratelimit-remaining"),
+        Some("57"),
+        "100 - 42 - 1: {:?}",
+        second[0]
+    );
 }

@@ -211,3 +211,180 @@ fn a_concurrency_limit_in_memory_releases_a_lease_when_its_client_goes_away() {
     fleet.upstream.open(true);
     assert!(fleet.redis.is_none());
 }
+
+/// One request on an open keep-alive connection; the response's status, headers (lower-case
+/// names) and body, read by its `Content-Length`.
+fn exchange(conn: &mut TcpStream, path: &str) -> (u16, Vec<(String, String)>, String) {
+    use std::io::{BufRead, BufReader, Read};
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: a\r\n{}: {}\r\n\r\n",
+        KEY.0, KEY.1
+    )
+    .unwrap();
+    let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    let status = line.split(' ').nth(1).unwrap().parse().unwrap();
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        let Some((name, value)) = line.trim_end().split_once(':') else {
+            break;
+        };
+        headers.push((name.to_ascii_lowercase(), value.trim().to_string()));
+    }
+    let length: usize = headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .map_or(0, |(_, v)| v.parse().unwrap());
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    (status, headers, String::from_utf8(body).unwrap())
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+const TOKENS: &str = "      - { name: tokens, capacity: 100, refill: \"1/s\", key: \"header:x-api-key\", charge_from_response: \"SOURCE\" }\n";
+
+/// Usage in a response header is charged before that response's headers go out: they show the
+/// balance after it. More than the balance is a debt the refill pays before the next admission.
+fn usage_in_a_header_is_charged_before_the_headers_go_out(fleet: Fleet) {
+    let proxy = &fleet.proxies[0];
+    let mut conn = TcpStream::connect(proxy.addr).unwrap();
+    let (status, h, _) = exchange(&mut conn, "/usage/header/40");
+    assert_eq!(status, 200);
+    assert_eq!(header(&h, "x-usage-total-tokens"), Some("40"));
+    assert_eq!(header(&h, "x-ratelimit-remaining"), Some("60"), "{h:?}");
+    // 60 left, 80 used: 20 owed, paid by 20 s of refill, then 1 s for the next token.
+    let (status, h, _) = exchange(&mut conn, "/usage/header/80");
+    assert_eq!(status, 200);
+    assert_eq!(header(&h, "x-ratelimit-remaining"), Some("0"), "{h:?}");
+    let (status, h, _) = exchange(&mut conn, "/x");
+    assert_eq!(status, 429, "{h:?}");
+    let retry: u64 = header(&h, "retry-after").unwrap().parse().unwrap();
+    assert!((20..=21).contains(&retry), "the debt is paid first: {h:?}");
+    let charged = "ratelimit_usage_charged_total{limit=\"tokens\",route=\"llm\"}";
+    assert_eq!(proxy.metric(charged), 120.0);
+    assert_eq!(fleet.upstream.hits(), 2);
+}
+
+/// A response without the field is charged the up-front cost only, and counted.
+fn a_response_that_does_not_report_is_charged_the_up_front_cost(fleet: Fleet) {
+    let proxy = &fleet.proxies[0];
+    let mut conn = TcpStream::connect(proxy.addr).unwrap();
+    let (_, h, _) = exchange(&mut conn, "/x");
+    assert_eq!(header(&h, "x-ratelimit-remaining"), Some("99"));
+    let (_, h, _) = exchange(&mut conn, "/usage/json/7");
+    assert_eq!(
+        header(&h, "x-ratelimit-remaining"),
+        Some("98"),
+        "JSON is not a header"
+    );
+    let unreported = "ratelimit_usage_unreported_total{limit=\"tokens\",route=\"llm\"}";
+    assert_eq!(proxy.metric(unreported), 2.0);
+}
+
+/// Usage in a JSON body is charged once the body went through (unchanged); the next request on
+/// the connection is read only after that, so it meets the charge.
+fn usage_in_a_json_body_is_charged_after_it(fleet: Fleet) {
+    let proxy = &fleet.proxies[0];
+    let mut conn = TcpStream::connect(proxy.addr).unwrap();
+    let (status, h, body) = exchange(&mut conn, "/usage/json/50");
+    assert_eq!(status, 200);
+    assert_eq!(
+        body, "{\"id\":\"x\",\"usage\":{\"prompt_tokens\":1,\"total_tokens\":50}}",
+        "passed through as it was"
+    );
+    assert_eq!(
+        header(&h, "x-ratelimit-remaining"),
+        Some("99"),
+        "known after the body"
+    );
+    let (_, h, _) = exchange(&mut conn, "/x");
+    assert_eq!(
+        header(&h, "x-ratelimit-remaining"),
+        Some("49"),
+        "100 - 50 - 1: {h:?}"
+    );
+    // Not JSON: the up-front cost only.
+    let (_, h, _) = exchange(&mut conn, "/usage/header/30");
+    assert_eq!(header(&h, "x-ratelimit-remaining"), Some("48"), "{h:?}");
+    let (_, h, _) = exchange(&mut conn, "/x");
+    assert_eq!(header(&h, "x-ratelimit-remaining"), Some("47"), "{h:?}");
+}
+
+macro_rules! both_stores {
+    ($($name:ident: $source:literal),* $(,)?) => {
+        mod on_redis {
+            $(#[test] fn $name() {
+                super::$name(super::Fleet::start(1, &super::TOKENS.replace("SOURCE", $source)))
+            })*
+        }
+        mod in_memory {
+            $(#[test] fn $name() {
+                super::$name(super::Fleet::alone(&super::TOKENS.replace("SOURCE", $source)))
+            })*
+        }
+    };
+}
+
+both_stores!(
+    usage_in_a_header_is_charged_before_the_headers_go_out: "header:x-usage-total-tokens",
+    a_response_that_does_not_report_is_charged_the_up_front_cost: "header:x-usage-total-tokens",
+    usage_in_a_json_body_is_charged_after_it: "json:usage.total_tokens",
+);
+
+/// Three proxies, one Redis, a client per proxy sending one request after the other, each
+/// response reporting 10 tokens against a bucket of 100 at 50 tokens/s charged 1 up front: the
+/// usage admitted over the run stays within capacity + refill × elapsed + what the responses in
+/// flight at once used beyond their up-front cost (one per client), and comes close to it.
+#[test]
+fn three_proxies_charging_from_responses_hold_the_usage_bound() {
+    let fleet = Fleet::start(
+        3,
+        "      - { name: tokens, capacity: 100, refill: \"50/s\", key: \"header:x-api-key\", charge_from_response: \"header:x-usage-total-tokens\" }\n",
+    );
+    let started = Instant::now();
+    let run = Duration::from_secs(2);
+    let admitted: u64 = std::thread::scope(|s| {
+        let clients: Vec<_> = fleet
+            .proxies
+            .iter()
+            .map(|p| {
+                s.spawn(move || {
+                    let mut conn = TcpStream::connect(p.addr).unwrap();
+                    let mut ok = 0u64;
+                    while started.elapsed() < run {
+                        let (status, _, _) = exchange(&mut conn, "/usage/header/10");
+                        match status {
+                            200 => ok += 1,
+                            429 => std::thread::sleep(Duration::from_millis(5)),
+                            other => panic!("status {other}"),
+                        }
+                    }
+                    ok
+                })
+            })
+            .collect();
+        clients.into_iter().map(|c| c.join().unwrap()).sum()
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let used = 10.0 * admitted as f64;
+    let bound = 100.0 + 50.0 * elapsed + 3.0 * 9.0;
+    assert!(
+        used <= bound,
+        "used {used} > bound {bound} over {elapsed} s"
+    );
+    assert!(
+        used >= 0.8 * (100.0 + 50.0 * run.as_secs_f64()),
+        "used {used}: the limit under-admits"
+    );
+    assert_eq!(fleet.upstream.hits(), admitted);
+}

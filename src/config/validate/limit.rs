@@ -73,6 +73,36 @@ impl Validator<'_> {
                 );
             }
         }
+        let charge = match raw.charge_from_response.as_deref() {
+            None => {
+                if raw.refund_unused.is_some() {
+                    self.problem(
+                        r,
+                        at(base, &["refund_unused"]),
+                        "belongs to a limit with `charge_from_response`",
+                    );
+                }
+                None
+            }
+            Some(_) if matches!(allowance, Some(Allowance::Concurrency { .. })) => {
+                self.problem(
+                    r,
+                    at(base, &["charge_from_response"]),
+                    "a `concurrency` limit counts requests in flight, not what they use",
+                );
+                None
+            }
+            Some(text) => match UsageSource::parse(text) {
+                Ok(from) => Some(Charge {
+                    from,
+                    refund_unused: raw.refund_unused.unwrap_or(false),
+                }),
+                Err(msg) => {
+                    self.problem(r, at(base, &["charge_from_response"]), msg);
+                    None
+                }
+            },
+        };
         (self.problems.len() == before).then(|| Limit {
             name,
             allowance: allowance.expect("no problem means an allowance"),
@@ -81,6 +111,7 @@ impl Validator<'_> {
             on_duplicate_key_header,
             shadow: raw.shadow.unwrap_or(false),
             cost,
+            charge,
         })
     }
 

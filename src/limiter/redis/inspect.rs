@@ -56,7 +56,11 @@ impl RedisLimiter {
 
     /// One command of the admin API within the budget, loading `script` where the server does
     /// not know it.
-    async fn admin_query(&self, cmd: &Cmd, script: Option<&str>) -> Result<Value, LimiterError> {
+    pub(super) async fn admin_query(
+        &self,
+        cmd: &Cmd,
+        script: Option<&str>,
+    ) -> Result<Value, LimiterError> {
         let topology = &self.caller.topology;
         let attempt = async {
             match topology.query(cmd).await {

@@ -16,6 +16,7 @@
 //! the deadline, the breaker, the reply) is here.
 
 mod batch;
+mod charge;
 mod cluster;
 mod inspect;
 mod release;
@@ -192,13 +193,7 @@ impl Caller {
         };
         cmd.arg(self.format.word()).arg(limits.len());
         for p in &limits {
-            cmd.arg(p.capacity).arg(p.scale);
-            match p.kind {
-                Kind::Bucket => cmd.arg(p.num),
-                Kind::Quota(period) => cmd.arg(period.as_str()),
-                Kind::Leases { ms, id } => cmd.arg(format!("lease:{ms}:{id}")),
-            };
-            cmd.arg(p.cost);
+            limit_args(&mut cmd, p, p.cost as i64);
         }
         let mut numbers = numbers.into_iter();
         for j in jobs {
@@ -395,6 +390,14 @@ impl Limiter for RedisLimiter {
         self.release_leases(leases).await
     }
 
+    async fn charge(
+        &self,
+        buckets: &[Bucket<'_>],
+        amounts: &[i64],
+    ) -> Result<Decision, LimiterError> {
+        self.charge_buckets(buckets, amounts).await
+    }
+
     async fn inspect(&self, key: &str) -> Result<Inspected, LimiterError> {
         self.inspect_bucket(key).await
     }
@@ -428,6 +431,18 @@ fn classify(e: RedisError) -> LimiterError {
     } else {
         LimiterError::Other(e.to_string())
     }
+}
+
+/// A limit's entry in the script's table: capacity, scale, its refill (units per µs, a quota's
+/// period, or a concurrency limit's lease), and `cost` (a charge's amount, negative to refund).
+fn limit_args(cmd: &mut Cmd, p: &BucketParams, cost: i64) {
+    cmd.arg(p.capacity).arg(p.scale);
+    match p.kind {
+        Kind::Bucket => cmd.arg(p.num),
+        Kind::Quota(period) => cmd.arg(period.as_str()),
+        Kind::Leases { ms, id } => cmd.arg(format!("lease:{ms}:{id}")),
+    };
+    cmd.arg(cost);
 }
 
 /// A decision from one request's part of the script's reply `{allowed, then held, lag_us, bad
@@ -491,7 +506,8 @@ mod tests {
                 params: P,
             },
         ];
-        // Denied: the first bucket had 7 tokens, the second 3 and its clock was 2 µs behind.
+        // Denied: the first bucket had 7 tokens, the second 3 and its clock was 2 µs behind
+        // (it refills from 2 µs on: every wait is 2 µs longer).
         let (d, bad) = parse_reply(&[0, 7_000_000, 0, 0, 3_000_000, 2, 1], 0, &buckets).unwrap();
         assert!(!d.allowed);
         assert_eq!(bad, [1]);
@@ -499,7 +515,7 @@ mod tests {
         assert!(!b.ok);
         assert_eq!(
             (b.remaining, b.reset_us, b.wait_us, b.held, b.lag_us),
-            (3, 7_000_000, 2_000_000, 3_000_000, 2)
+            (3, 7_000_002, 2_000_002, 3_000_000, 2)
         );
         assert!(d.limits[0].ok);
     }

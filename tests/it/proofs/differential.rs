@@ -20,7 +20,7 @@ use ratelimit_proxy::config::Config;
 use ratelimit_proxy::config::{Rate, EXACT_LIMIT};
 use ratelimit_proxy::deny_cache::{Consult, DenyCache};
 use ratelimit_proxy::headers::RouteHeaders;
-use ratelimit_proxy::limiter::bucket::{evaluate, State};
+use ratelimit_proxy::limiter::bucket::{charge, clamp_charge, evaluate, State};
 use ratelimit_proxy::limiter::memory::MemoryLimiter;
 use ratelimit_proxy::limiter::redis::Format;
 use ratelimit_proxy::limiter::Decision;
@@ -84,6 +84,9 @@ struct Step {
     skew_us: i64,
     /// (key, which of its limits): the limit set of this request, in this order.
     picks: Vec<(usize, usize)>,
+    /// Not a request but a charge of usage a response reported, of this many tokens from each
+    /// bucket picked (negative: a refund). `replay` only; the other replays decide it.
+    charge: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -191,11 +194,19 @@ fn step() -> impl Strategy<Value = Step> {
         0..KEYS.len(),
         prop_oneof![6 => Just(0usize), 1 => 0usize..3],
     );
-    (advance, skew, prop::collection::vec(pick, 1..=3)).prop_map(|(advance, skew_us, picks)| Step {
-        advance,
-        skew_us,
-        picks,
-    })
+    let charge = prop_oneof![
+        6 => Just(None),
+        2 => (-3i64..=300).prop_map(Some),
+        1 => (0u32..16).prop_flat_map(|e| 0..10i64.pow(e)).prop_map(Some),
+    ];
+    (advance, skew, prop::collection::vec(pick, 1..=3), charge).prop_map(
+        |(advance, skew_us, picks, charge)| Step {
+            advance,
+            skew_us,
+            picks,
+            charge,
+        },
+    )
 }
 
 fn history(steps: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = History> {
@@ -278,9 +289,15 @@ fn replay(s: &Script, h: &History) -> Result<(), TestCaseError> {
         let keys: Vec<&str> = picked.iter().map(|(k, _)| KEYS[*k]).collect();
         let params: Vec<BucketParams> = picked.iter().map(|(_, p)| *p).collect();
 
+        // A charge's amounts, as the proxy clamps them.
+        let amounts: Option<Vec<i64>> = step
+            .charge
+            .map(|c| params.iter().map(|p| clamp_charge(p, c)).collect());
         let mut tx = redis::pipe();
-        tx.atomic()
-            .add_command(s.invocation(&keys, Some(now), &params));
+        tx.atomic().add_command(match &amounts {
+            Some(amounts) => s.charging(&keys, now, &params, amounts),
+            None => s.invocation(&keys, Some(now), &params),
+        });
         for key in &keys {
             tx.cmd("PTTL").arg(*key);
             tx.cmd("PERSIST").arg(*key).ignore();
@@ -288,10 +305,25 @@ fn replay(s: &Script, h: &History) -> Result<(), TestCaseError> {
         let replies: Vec<Value> = tx.query(&mut conn).expect("MULTI");
         let lua = decision(&replies[0], &params);
 
-        let in_memory = decide_in_memory(&memory, &clock, now, &keys, &params);
-
         let mut states: Vec<Option<State>> = picked.iter().map(|(k, _)| mirror[*k]).collect();
-        let rust = evaluate(now, &params, &mut states);
+        let (in_memory, rust) = match &amounts {
+            Some(amounts) => {
+                clock.set(now);
+                let buckets: Vec<Bucket<'_>> = keys
+                    .iter()
+                    .zip(&params)
+                    .map(|(key, p)| Bucket { key, params: *p })
+                    .collect();
+                (
+                    memory.charge_now(&buckets, amounts).unwrap(),
+                    charge(now, &params, amounts, &mut states),
+                )
+            }
+            None => (
+                decide_in_memory(&memory, &clock, now, &keys, &params),
+                evaluate(now, &params, &mut states),
+            ),
+        };
         for ((k, _), state) in picked.iter().zip(&states) {
             mirror[*k] = *state;
         }
@@ -331,9 +363,9 @@ fn replay(s: &Script, h: &History) -> Result<(), TestCaseError> {
                 // that covers proxy clock skew, and no longer. (100 ms of slack for Redis being
                 // descheduled between the script and PTTL; it is 0 to 1 ms in practice.)
                 let st = state.expect("an allowed request writes every bucket");
-                // A quota's key lives until its period's end, counted from the decision.
-                let from = if p.period().is_some() { now } else { st.t };
-                let fill_ms = (st.full_at(p) - from).div_ceil(1000) as i64;
+                // Counted from the decision: a bucket written ahead (another clock, a debt)
+                // refills only from its instant, a quota is whole at its period's end.
+                let fill_ms = (st.full_at(p) - now).div_ceil(1000) as i64;
                 prop_assert!(
                     fill_ms + 900 <= pttl && pttl <= fill_ms + 1000,
                     "PTTL {} ms of {} for a refill of {} ms at {}",

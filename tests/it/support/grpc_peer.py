@@ -9,7 +9,8 @@ take and return raw bytes, which is all gRPC needs on the wire.
                                      one JSON line per call: method, key, code, details, metadata
 
 Methods of orders.v1.Orders: Get (unary), List (server streaming: three replies), Upload (client
-streaming: three requests) and Chat (bidirectional: three each way).
+streaming: three requests), Chat (bidirectional: three each way) and Usage (unary, reporting the
+tokens it used, its request's number, in the trailer x-usage-total-tokens, as LLM gateways do).
 """
 import json
 import sys
@@ -36,6 +37,10 @@ def serve(tls):
         for r in requests:
             yield b"echo:" + r
 
+    def usage(request, context):
+        context.set_trailing_metadata((("x-usage-total-tokens", request.decode()),))
+        return b"used " + request
+
     handler = grpc.method_handlers_generic_handler(
         SERVICE,
         {
@@ -43,6 +48,7 @@ def serve(tls):
             "List": grpc.unary_stream_rpc_method_handler(list_),
             "Upload": grpc.stream_unary_rpc_method_handler(upload),
             "Chat": grpc.stream_stream_rpc_method_handler(chat),
+            "Usage": grpc.unary_unary_rpc_method_handler(usage),
         },
     )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
@@ -76,7 +82,7 @@ def call(channel, method, key):
     md = (("x-api-key", key),)
     three = lambda: iter([b"a", b"b", b"c"])
     try:
-        if method == "Get":
+        if method in ("Get", "Usage"):
             reply, c = channel.unary_unary(path).with_call(b"42", metadata=md, timeout=10)
             replies = [reply]
         elif method == "List":

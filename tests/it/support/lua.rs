@@ -138,6 +138,32 @@ impl Script {
         cmd
     }
 
+    /// The EVALSHA of one charge (`amounts[i]` whole tokens from `keys[i]`, negative to
+    /// refund), in the format this script writes.
+    pub fn charging(
+        &self,
+        keys: &[&str],
+        now: u64,
+        limits: &[BucketParams],
+        amounts: &[i64],
+    ) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.sha).arg(keys.len()).arg(keys).arg(now);
+        cmd.arg(self.format.word()).arg(limits.len());
+        for (p, amount) in limits.iter().zip(amounts) {
+            cmd.arg(p.capacity).arg(p.scale);
+            match p.kind {
+                Kind::Bucket => cmd.arg(p.num),
+                Kind::Quota(period) => cmd.arg(period.as_str()),
+                Kind::Leases { ms, id } => cmd.arg(format!("lease:{ms}:{id}")),
+            };
+            cmd.arg(*amount);
+        }
+        cmd.arg(-(limits.len() as i64))
+            .arg((1..=limits.len()).collect::<Vec<_>>());
+        cmd
+    }
+
     pub fn raw(&self, keys: &[&str], now: Option<u64>, limits: &[BucketParams]) -> Value {
         let mut c = self.redis.connection().unwrap();
         self.invocation(keys, now, limits)

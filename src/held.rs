@@ -1,0 +1,149 @@
+//! What an admitted request holds until it ends, and what it owes once its response is known:
+//! its concurrency leases (released in the logging phase, `Gate::release`), and the usage its
+//! limits with `charge_from_response` charge beyond the up-front cost (`Gate::settle`).
+
+use crate::config::{Charge, UsageSource};
+use crate::draw::Draw;
+use crate::limiter::{Bucket, BucketParams};
+use crate::plan::RoutePlan;
+use prometheus::{IntCounter, IntGauge};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A request's leases and charges, in the store or (failing over locally) in the fallback.
+#[derive(Default)]
+pub struct Held {
+    pub(crate) store: Vec<Lease>,
+    pub(crate) local: Vec<Lease>,
+    pub(crate) owed: Vec<Owed>,
+}
+
+impl Held {
+    /// Whether it holds any lease.
+    pub fn leases(&self) -> bool {
+        !(self.store.is_empty() && self.local.is_empty())
+    }
+
+    /// Whether a charge from a source like this is still to settle.
+    pub fn owes(&self, source: impl Fn(&UsageSource) -> bool) -> bool {
+        self.owed
+            .iter()
+            .any(|o| !o.settled && source(&o.charge.from))
+    }
+
+    /// The leases and charges among `draw`'s buckets, which were just granted; `enforced`: the
+    /// client is told about these limits.
+    pub(crate) fn take(&mut self, route: &RoutePlan, draw: &Draw, local: bool, enforced: bool) {
+        let params = if local { &draw.local } else { &draw.params };
+        for ((key, p), &i) in draw.keys.iter().zip(params).zip(&draw.limits) {
+            let Some(limit) = route.limits.get(i) else {
+                continue;
+            };
+            if let Some(charge) = &limit.charge {
+                self.owed.push(Owed {
+                    key: key.clone(),
+                    params: *p,
+                    limit: i,
+                    charge: charge.clone(),
+                    local,
+                    enforced,
+                    settled: false,
+                    counters: limit.usage.clone(),
+                });
+            }
+            if !p.is_lease() {
+                continue;
+            }
+            let gauge = limit.inflight.clone();
+            if let Some(g) = &gauge {
+                g.inc();
+            }
+            let lease = Lease {
+                key: key.clone(),
+                params: p.with_lease(draw.lease),
+                gauge,
+            };
+            match local {
+                true => self.local.push(lease),
+                false => self.store.push(lease),
+            }
+        }
+    }
+}
+
+pub(crate) struct Lease {
+    key: String,
+    params: BucketParams,
+    pub(crate) gauge: Option<IntGauge>,
+}
+
+impl Lease {
+    pub(crate) fn bucket(&self) -> Bucket<'_> {
+        Bucket {
+            key: &self.key,
+            params: self.params,
+        }
+    }
+}
+
+/// A limit to charge once the response reports what the request used.
+pub(crate) struct Owed {
+    pub(crate) key: String,
+    /// The limit's, with its up-front `cost`.
+    pub(crate) params: BucketParams,
+    /// The route's index of the limit.
+    pub(crate) limit: usize,
+    pub(crate) charge: Charge,
+    pub(crate) local: bool,
+    pub(crate) enforced: bool,
+    pub(crate) settled: bool,
+    /// `ratelimit_usage_charged_total`, `ratelimit_usage_unreported_total`.
+    pub(crate) counters: Option<(IntCounter, IntCounter)>,
+}
+
+impl Owed {
+    /// What is left to charge when the response reported `used` (`None`: it did not say; the
+    /// up-front cost stands): the difference, or nothing when it used less and no refund is due.
+    pub(crate) fn amount(&self, used: Option<u64>) -> Option<i64> {
+        let (charged, unreported) = match &self.counters {
+            Some((c, u)) => (Some(c), Some(u)),
+            None => (None, None),
+        };
+        let Some(used) = used else {
+            if let Some(u) = unreported {
+                u.inc();
+            }
+            return None;
+        };
+        if let Some(c) = charged {
+            c.inc_by(used);
+        }
+        let more = i64::try_from(used)
+            .unwrap_or(i64::MAX)
+            .saturating_sub(self.params.cost as i64);
+        (more > 0 || (more < 0 && self.charge.refund_unused)).then_some(more)
+    }
+}
+
+/// Lease ids unique across a fleet: this process's random start, then one after another.
+pub(crate) struct LeaseIds(AtomicU64);
+
+impl LeaseIds {
+    pub(crate) fn new() -> LeaseIds {
+        use std::hash::{BuildHasher, Hasher};
+        // Seeded by the OS's randomness (std's hasher keys); the time and the process id keep
+        // two processes apart even if it were not.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.write_u32(std::process::id());
+        LeaseIds(AtomicU64::new(h.finish()))
+    }
+
+    pub(crate) fn next(&self) -> u64 {
+        // Ids travel as decimal text and never 0 (the plan's placeholder).
+        self.0.fetch_add(1, Ordering::Relaxed).max(1)
+    }
+}
