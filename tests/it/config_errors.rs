@@ -46,6 +46,7 @@ fn the_shipped_examples_are_valid() {
         "config/routes.yaml",
         "config/routes-redis.yaml",
         "config/routes-compose.yaml",
+        "config/routes-llm.yaml",
     ] {
         if let Err(e) = Config::load(Path::new(path)) {
             panic!("{path}:\n{e}");
