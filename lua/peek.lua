@@ -11,6 +11,8 @@
 --   v, t, s  the stored state: units held, the microsecond they were computed for, their scale
 --            ("0": a hash written before s existed, read in the limit's scale)
 --   pttl_ms  the key's PTTL (negative: no key, or no expiry)
+-- A concurrency limit's sorted set of leases answers found "2" and, as v, the leases that have
+-- not expired at now (t = now, s = 1).
 --
 -- By hand:  redis-cli --eval lua/peek.lua 'rl:{demo}:l' , ""
 
@@ -59,6 +61,10 @@ local function int(x)
 end
 
 local pttl = redis.call('PTTL', key)
+if kind == 'zset' then
+  local live = redis.call('ZCOUNT', key, '(' .. int(now), '+inf')
+  return { '2', int(live), int(now), '1', int(pttl), int(now) }
+end
 if not ok then
   return { '0', '0', '0', '0', int(pttl), int(now) }
 end

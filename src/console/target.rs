@@ -123,6 +123,21 @@ pub fn targets(config: &Config, query: &str) -> Result<(String, Vec<Target>), St
 /// `GET /v1/buckets`' account of one bucket, read at the store's `now`.
 pub fn bucket(target: &Target, read: &Inspected) -> Value {
     let p = &target.params;
+    if p.is_lease() {
+        // A concurrency limit's key holds leases, not tokens.
+        let held = read.leases.unwrap_or(0);
+        return json!({
+            "limit": target.limit,
+            "store_key": target.store_key,
+            "exists": read.leases.is_some(),
+            "kind": "concurrency",
+            "in_flight": held,
+            "free": p.capacity.saturating_sub(held),
+            "capacity": p.capacity,
+            "ttl_ms": read.ttl_ms,
+            "key_missing": target.key_missing,
+        });
+    }
     let cap = p.capacity * p.scale;
     let state = read.state.unwrap_or(State {
         v: cap,
@@ -288,6 +303,7 @@ mod tests {
             }),
             now_us: 1_000_000,
             ttl_ms: Some(5_400_000),
+            leases: None,
         };
         let v = bucket(&t[0], &read);
         assert_eq!(v["tokens"], 0);
@@ -299,6 +315,7 @@ mod tests {
             state: None,
             now_us: 1,
             ttl_ms: None,
+            leases: None,
         };
         assert_eq!(bucket(&t[0], &none)["tokens"], 2);
     }

@@ -273,16 +273,21 @@ impl<C: Clock> Limiter for MemoryLimiter<C> {
 
     async fn inspect(&self, key: &str) -> Result<Inspected, LimiterError> {
         let now = self.clock.now_us();
-        let shard = self
+        let mut shard = self
             .shard(hash_tag(key))
             .lock()
             .unwrap_or_else(|e| e.into_inner());
+        let leases = shard
+            .leases
+            .contains_key(key)
+            .then(|| shard.live_leases(key, now));
         // Past its full instant it is a full bucket, as an expired Redis key is.
         let stored = shard.buckets.get(key).filter(|s| s.full_at > now);
         Ok(Inspected {
             state: stored.map(|s| s.state),
             now_us: now,
             ttl_ms: stored.map(|s| (s.full_at - now).div_ceil(1000)),
+            leases,
         })
     }
 
@@ -292,7 +297,11 @@ impl<C: Clock> Limiter for MemoryLimiter<C> {
             .shard(hash_tag(key))
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        Ok(shard.buckets.remove(key).is_some_and(|s| s.full_at > now))
+        let leases = shard
+            .leases
+            .remove(key)
+            .is_some_and(|held| !held.is_empty());
+        Ok(shard.buckets.remove(key).is_some_and(|s| s.full_at > now) || leases)
     }
 }
 

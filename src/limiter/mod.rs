@@ -273,4 +273,6 @@ pub struct Inspected {
     pub now_us: u64,
     /// Until the store forgets it (Redis: PTTL), when it has one.
     pub ttl_ms: Option<u64>,
+    /// A concurrency limit's key: the leases held now.
+    pub leases: Option<u64>,
 }

@@ -107,6 +107,11 @@ fn a_concurrency_limit_holds_exactly_under_four_times_as_many_requests_across_th
         4,
         "leases held, over the proxies"
     );
+    assert_eq!(
+        in_flight(&fleet.proxies[0]),
+        4,
+        "the admin API counts every proxy's"
+    );
     let denied: u64 = fleet
         .proxies
         .iter()
@@ -201,6 +206,7 @@ fn a_concurrency_limit_in_memory_releases_a_lease_when_its_client_goes_away() {
         (fleet.upstream.in_flight() == 1).then_some(())
     });
     assert_eq!(fleet.inflight("inflight"), 1);
+    assert_eq!(in_flight(proxy), 1);
     let r = proxy.get("/x", &[KEY]);
     assert_eq!(r.status, 429, "{r:?}");
     drop(gone);
@@ -210,6 +216,16 @@ fn a_concurrency_limit_in_memory_releases_a_lease_when_its_client_goes_away() {
     assert_eq!(proxy.get("/x", &[KEY]).status, 200);
     fleet.upstream.open(true);
     assert!(fleet.redis.is_none());
+}
+
+/// `GET /v1/buckets`' count of the key's leases held fleet-wide.
+fn in_flight(proxy: &Proxy) -> u64 {
+    let r = proxy.admin_get("/v1/buckets?route=llm&key=sk_live_one&limit=inflight");
+    assert_eq!(r.status, 200, "{r:?}");
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    let limit = &v["limits"][0];
+    assert_eq!(limit["kind"], "concurrency", "{v}");
+    limit["in_flight"].as_u64().unwrap()
 }
 
 /// One request on an open keep-alive connection; the response's status, headers (lower-case

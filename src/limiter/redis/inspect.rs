@@ -27,7 +27,8 @@ impl RedisLimiter {
                 .ok_or_else(|| LimiterError::Script(format!("peek.lua replied {fields:?}")))
         };
         let whole = |i: usize| number(i).map(|n| u64::try_from(n).unwrap_or(0));
-        let state = (number(0)? == 1)
+        let found = number(0)?;
+        let state = (found == 1)
             .then(|| -> Result<State, LimiterError> {
                 Ok(State {
                     v: whole(1)?,
@@ -41,6 +42,7 @@ impl RedisLimiter {
             state,
             now_us: whole(5)?,
             ttl_ms: u64::try_from(pttl).ok(),
+            leases: if found == 2 { Some(whole(1)?) } else { None },
         })
     }
 
