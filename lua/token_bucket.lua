@@ -42,7 +42,8 @@
 -- The caller derives what clients see (remaining, reset, retry) from `held` with the same
 -- arithmetic as the in-memory store (src/limiter/bucket.rs), so the two cannot disagree.
 --
--- State: per bucket v = units held, t = the microsecond v was computed for, s = the scale v is in,
+-- State: per bucket v = units held, t = the microsecond v was computed for, s = the scale v is in
+-- (a quota's: its amount, so that a reload changing it keeps what was used),
 -- stored in one of two formats:
 --   hash    a hash with fields v, t, s as integer strings (the first versions wrote no s); what
 --           every version reads.
@@ -93,10 +94,9 @@ end
 -- The limits, in units: read once per batch, however many requests draw on them.
 local packed = ARGV[2] == 'packed'
 local m = tonumber(ARGV[3])
-local cap, scale, scale_text, num, period, lease_ms, lease_id, cost = {}, {}, {}, {}, {}, {}, {}, {}
+local cap, scale, unit, unit_text, num, period, lease_ms, lease_id, cost = {}, {}, {}, {}, {}, {}, {}, {}, {}
 for j = 1, m do
   local a = 4 + 4 * (j - 1)
-  scale_text[j] = ARGV[a + 1]
   scale[j] = tonumber(ARGV[a + 1])
   cap[j] = tonumber(ARGV[a]) * scale[j]
   num[j] = tonumber(ARGV[a + 2])
@@ -112,6 +112,10 @@ for j = 1, m do
     end
   end
   cost[j] = tonumber(ARGV[a + 3]) * scale[j]
+  -- What a state's `s` records: the scale, or a quota's amount (its state then says how much was
+  -- used, whatever the amount becomes).
+  unit_text[j] = period[j] and ARGV[a] or ARGV[a + 1]
+  unit[j] = tonumber(unit_text[j])
 end
 
 -- Calendar periods in UTC, as src/calendar.rs computes them (Howard Hinnant's civil-date
@@ -293,13 +297,16 @@ local function refill(key, j)
     bad = 1
   elseif held == nil then
     -- No key: a full bucket.
-  elseif was == scale_text[j] or was == scale[j] then
+  elseif was == unit_text[j] or was == unit[j] then
     -- The common case: a comparison, no conversion.
     same = kind == 'hash'
   elseif was ~= nil then
     was = whole(was)
     if was == nil or was == 0 then
       bad = 1
+    elseif period[j] then
+      -- Another amount: what was used stays used.
+      held = math.max(0, cap[j] - math.max(0, was - held))
     elseif was ~= scale[j] then
       held = rescale(held, was, scale[j])
     end
@@ -361,8 +368,8 @@ local function write(key, j, held, at, same, kind)
   end
   local ms = string.format('%d', math.ceil(us / 1000) + 1000)
   if packed then
-    redis.call('SET', key, pack('<ddd', held, at, scale[j]), 'PX', ms)
-    known_v[key], known_t[key], known_s[key], known_kind[key] = held, at, scale[j], 'packed'
+    redis.call('SET', key, pack('<ddd', held, at, unit[j]), 'PX', ms)
+    known_v[key], known_t[key], known_s[key], known_kind[key] = held, at, unit[j], 'packed'
     return
   end
   if kind == 'packed' then
@@ -372,7 +379,7 @@ local function write(key, j, held, at, same, kind)
   if same then
     redis.call('HSET', key, 'v', held, 't', at)
   else
-    redis.call('HSET', key, 'v', held, 't', at, 's', scale[j])
+    redis.call('HSET', key, 'v', held, 't', at, 's', unit[j])
   end
   redis.call('PEXPIRE', key, ms)
 end

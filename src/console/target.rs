@@ -142,13 +142,13 @@ pub fn bucket(target: &Target, read: &Inspected) -> Value {
     let state = read.state.unwrap_or(State {
         v: cap,
         t: read.now_us,
-        scale: p.scale,
+        scale: p.unit(),
     });
     let now = read.now_us;
     let refilled = peek(now, &[*p], &[state])
         .limits
         .first()
-        .map_or(state, |l| l.state(now, p.scale));
+        .map_or(state, |l| l.state(now, p.unit()));
     // As an admitted request would be told: until full, and until the next whole token (a
     // quota's boundary).
     let account = report(now, p, &refilled, true);

@@ -247,7 +247,7 @@ impl DenyCache {
             .limits
             .iter()
             .zip(params)
-            .map(|(l, p)| l.state(now, p.scale))
+            .map(|(l, p)| l.state(now, p.unit()))
             .collect();
         let denial = Arc::new(Denial {
             keys: keys.to_vec(),

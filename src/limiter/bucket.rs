@@ -10,7 +10,8 @@ use super::{BucketParams, Decision, Kind, LimitState};
 pub struct State {
     pub v: u64,
     pub t: u64,
-    /// The scale `v` was written in; a reload may have changed the limit since.
+    /// The scale `v` was written in (a quota: its amount, `BucketParams::unit`); a reload may
+    /// have changed the limit since.
     pub scale: u64,
 }
 
@@ -25,6 +26,14 @@ impl State {
     /// exceed the capacity (a shrunk limit must not keep the old burst).
     fn rescaled(&self, p: &BucketParams) -> u64 {
         let cap = p.capacity * p.scale;
+        if let Kind::Quota(_) = p.kind {
+            // A quota counts what was used: under another amount, the used part stays used (a
+            // plan raised mid-month gives the difference at once, a lowered one never more).
+            if self.scale == p.capacity || self.scale == 0 {
+                return self.v.min(cap);
+            }
+            return cap.saturating_sub(self.scale.saturating_sub(self.v));
+        }
         if self.scale == p.scale || self.scale == 0 {
             return self.v.min(cap);
         }
@@ -79,7 +88,7 @@ fn refill(now: u64, p: &BucketParams, s: Option<State>) -> State {
     State {
         v: held,
         t: at,
-        scale: p.scale,
+        scale: p.unit(),
     }
 }
 
@@ -424,5 +433,27 @@ mod tests {
             charge(6_000_000, &[p], &[-30], &mut s).limits[0].remaining,
             10
         );
+    }
+
+    #[test]
+    fn a_quota_keeps_what_was_used_when_its_amount_changes() {
+        let five = BucketParams::quota(5, crate::calendar::Period::Day, 1);
+        let mut s = [None];
+        for _ in 0..3 {
+            assert!(evaluate(0, &[five], &mut s).allowed);
+        }
+        // 3 used: raised to 10, 7 are left; lowered to 4, 1 is.
+        let ten = BucketParams {
+            capacity: 10,
+            ..five
+        };
+        assert_eq!(evaluate(1, &[ten], &mut s.clone()).limits[0].remaining, 6);
+        let four = BucketParams {
+            capacity: 4,
+            ..five
+        };
+        let d = evaluate(1, &[four], &mut s);
+        assert_eq!(d.limits[0].remaining, 0, "the last one taken");
+        assert!(!evaluate(2, &[four], &mut s).allowed);
     }
 }

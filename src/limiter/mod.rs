@@ -63,6 +63,15 @@ impl BucketParams {
         }
     }
 
+    /// What a stored state's `s` records under this limit: its scale, or a quota's amount (a
+    /// quota's state then says how much was used, whatever the amount becomes).
+    pub fn unit(&self) -> u64 {
+        match self.kind {
+            Kind::Quota(_) => self.capacity,
+            _ => self.scale,
+        }
+    }
+
     /// A quota's period.
     pub fn period(&self) -> Option<Period> {
         match self.kind {
@@ -117,11 +126,12 @@ pub struct LimitState {
 
 impl LimitState {
     /// The bucket as of `now` on the clock this decision was made by.
-    pub fn state(&self, now: u64, scale: u64) -> bucket::State {
+    /// `unit`: the limit's `BucketParams::unit`.
+    pub fn state(&self, now: u64, unit: u64) -> bucket::State {
         bucket::State {
             v: self.held,
             t: now + self.lag_us,
-            scale,
+            scale: unit,
         }
     }
 }

@@ -404,3 +404,62 @@ fn three_proxies_charging_from_responses_hold_the_usage_bound() {
     );
     assert_eq!(fleet.upstream.hits(), admitted);
 }
+
+/// The new kinds with a shadow limit and across reloads (in memory): a shadow concurrency limit
+/// counts without refusing; a quota keeps what was spent through a reload that keeps its name and
+/// kind, and a limit that changes kind starts fresh.
+#[test]
+fn shadow_limits_and_reloads_work_for_the_new_kinds() {
+    let limits = |quota: &str| {
+        format!(
+            "      - {{ name: q, {quota}, key: \"header:x-api-key\" }}\n      - {{ name: c, concurrency: 1, shadow: true, key: \"header:x-api-key\" }}\n"
+        )
+    };
+    let mut fleet = Fleet::alone(&limits("quota: { amount: 3, period: day }"));
+    let held = {
+        let addr = fleet.proxies[0].addr;
+        std::thread::spawn(move || crate::support::http::get(addr, "/hold", &[KEY]))
+    };
+    wait_for("1 at the upstream", Duration::from_secs(10), || {
+        (fleet.upstream.in_flight() == 1).then_some(())
+    });
+    let proxy = &fleet.proxies[0];
+    let r = proxy.get("/x", &[KEY]);
+    assert_eq!(r.status, 200, "the shadow limit never refuses: {r:?}");
+    assert_eq!(proxy.decisions("llm", "shadow_rejected"), 1);
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        Some("\"q\";q=3;w=86400"),
+        "{r:?}"
+    );
+    fleet.upstream.open(true);
+    assert_eq!(held.join().unwrap().status, 200);
+    assert_eq!(proxy.get("/x", &[KEY]).status, 200);
+    assert_eq!(proxy.get("/x", &[KEY]).status, 429, "3 of 3 spent");
+
+    let reload = |fleet: &mut Fleet, quota: &str, n: u64| {
+        let yaml = format!(
+            "listen: \"{{listen}}\"\nadmin: \"{{admin}}\"\nroutes:\n  - name: llm\n    upstream: \"{}\"\n    limits:\n{}",
+            fleet.upstream.addr,
+            limits(quota)
+        );
+        let proxy = &mut fleet.proxies[0];
+        proxy.rewrite_config(&yaml);
+        proxy.signal("-HUP");
+        wait_for("the reload", Duration::from_secs(10), || {
+            let done = proxy.metric("ratelimit_config_reloads_total{result=\"success\"}");
+            (done as u64 >= n).then_some(())
+        });
+    };
+    // Same name and kind, a larger amount: the 3 spent carry over.
+    reload(&mut fleet, "quota: { amount: 5, period: day }", 1);
+    let proxy = &fleet.proxies[0];
+    assert_eq!(proxy.get("/x", &[KEY]).status, 200);
+    assert_eq!(proxy.get("/x", &[KEY]).status, 200);
+    assert_eq!(proxy.get("/x", &[KEY]).status, 429, "5 of 5 spent");
+    // Another kind under the same name: a bucket of its own, full.
+    reload(&mut fleet, "capacity: 1, refill: \"1/h\"", 2);
+    let proxy = &fleet.proxies[0];
+    assert_eq!(proxy.get("/x", &[KEY]).status, 200);
+    assert_eq!(proxy.get("/x", &[KEY]).status, 429);
+}

@@ -474,7 +474,7 @@ pub fn parse_reply(
             let state = State {
                 v: c[0] as u64,
                 t: now + c[1] as u64,
-                scale: p.scale,
+                scale: p.unit(),
             };
             report(now, p, &state, allowed || state.v >= p.cost * p.scale)
         })
