@@ -150,6 +150,21 @@ fn a_daily_quota_refuses_until_midnight_utc(backend: Backend) {
     assert_eq!(s.proxy.get("/x", &[("x-api-key", "sk_test_2")]).status, 200);
     assert_eq!(s.upstream.hits(), 4);
     assert_eq!(s.proxy.decisions("api", "rejected"), 1);
+    // With Redis, the admission that spent the quota is remembered as the denial it implies,
+    // until the boundary: both refusals were answered without a call.
+    let again = s.proxy.get("/x", &key);
+    assert_eq!(again.status, 429);
+    assert!(
+        near(again.header("retry-after"), to_midnight().0),
+        "{again:?}"
+    );
+    if let Backend::Redis(_) = s.backend {
+        assert_eq!(
+            s.proxy
+                .metric("ratelimit_deny_cache_hits_total{route=\"api\"}"),
+            2.0
+        );
+    }
 }
 
 fn burst_then_429_with_every_header(backend: Backend) {
