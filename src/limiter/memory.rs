@@ -14,7 +14,7 @@
 //! few tokens its bucket was missing, and no new client is ever refused or let through unlimited.
 
 use super::bucket::{charge, evaluate, State};
-use super::{Bucket, Decision, Inspected, Kind, Limiter, LimiterError};
+use super::{Bucket, BucketParams, Decision, Inspected, Kind, Limiter, LimiterError};
 use crate::clock::Clock;
 use std::collections::hash_map::{DefaultHasher, Entry};
 use std::collections::HashMap;
@@ -119,6 +119,31 @@ impl<C: Clock> MemoryLimiter<C> {
 
     /// Decides synchronously; the lock is never held across an await.
     pub fn decide(&self, buckets: &[Bucket<'_>]) -> Result<Decision, LimiterError> {
+        self.under_lock(buckets, |now, params, states| {
+            let decision = evaluate(now, params, states);
+            let allowed = decision.allowed;
+            (decision, allowed)
+        })
+    }
+
+    /// `Limiter::charge`, synchronously: every bucket is written.
+    pub fn charge_now(
+        &self,
+        buckets: &[Bucket<'_>],
+        amounts: &[i64],
+    ) -> Result<Decision, LimiterError> {
+        self.under_lock(buckets, |now, params, states| {
+            (charge(now, params, amounts, states), true)
+        })
+    }
+
+    /// Runs `step` on the buckets' states under their shard's one lock, and stores what it
+    /// changed when it says so (with a lease taken for each concurrency limit).
+    fn under_lock(
+        &self,
+        buckets: &[Bucket<'_>],
+        step: impl FnOnce(u64, &[BucketParams], &mut [Option<State>]) -> (Decision, bool),
+    ) -> Result<Decision, LimiterError> {
         let Some(first) = buckets.first() else {
             return Ok(Decision {
                 allowed: true,
@@ -154,8 +179,8 @@ impl<C: Clock> MemoryLimiter<C> {
                     .filter(|s| s.full_at(p) > now),
             })
             .collect();
-        let decision = evaluate(now, &params, &mut states);
-        if decision.allowed {
+        let (decision, write) = step(now, &params, &mut states);
+        if write {
             for ((b, p), state) in buckets.iter().zip(&params).zip(states) {
                 if let Kind::Leases { ms, id } = p.kind {
                     let held = shard.leases.entry(b.key.to_string()).or_default();
@@ -174,57 +199,6 @@ impl<C: Clock> MemoryLimiter<C> {
                 shard.make_room(now, self.shard_cap);
                 shard.buckets.insert(b.key.to_string(), stored);
             }
-        }
-        Ok(decision)
-    }
-}
-
-impl<C: Clock> MemoryLimiter<C> {
-    /// `Limiter::charge`, synchronously (the shard's lock is never held across an await).
-    pub fn charge_now(
-        &self,
-        buckets: &[Bucket<'_>],
-        amounts: &[i64],
-    ) -> Result<Decision, LimiterError> {
-        let Some(first) = buckets.first() else {
-            return Ok(Decision {
-                allowed: true,
-                limits: Vec::new(),
-            });
-        };
-        let tag = hash_tag(first.key);
-        if buckets.iter().any(|b| hash_tag(b.key) != tag) {
-            return Err(LimiterError::Other(
-                "the keys of one charge must share a {hash tag}".into(),
-            ));
-        }
-        let now = self.clock.now_us();
-        let params: Vec<_> = buckets.iter().map(|b| b.params).collect();
-        let mut shard = self.shard(tag).lock().unwrap_or_else(|e| e.into_inner());
-        let mut states: Vec<Option<State>> = buckets
-            .iter()
-            .zip(&params)
-            .map(|(b, p)| {
-                shard
-                    .buckets
-                    .get(b.key)
-                    .map(|s| s.state)
-                    .filter(|s| s.full_at(p) > now)
-            })
-            .collect();
-        let decision = charge(now, &params, amounts, &mut states);
-        for ((b, p), state) in buckets.iter().zip(&params).zip(states) {
-            let Some(state) = state else { continue };
-            let stored = Stored {
-                state,
-                full_at: state.full_at(p),
-            };
-            if let Entry::Occupied(mut e) = shard.buckets.entry(b.key.to_string()) {
-                e.insert(stored);
-                continue;
-            }
-            shard.make_room(now, self.shard_cap);
-            shard.buckets.insert(b.key.to_string(), stored);
         }
         Ok(decision)
     }
