@@ -355,7 +355,10 @@ end
 local function write(key, j, held, at, same, kind)
   if lease_ms[j] then
     redis.call('ZADD', key, now + lease_ms[j] * 1000, lease_id[j])
-    redis.call('PEXPIRE', key, lease_ms[j] + 1000)
+    -- Only ever longer: a proxy configured with shorter leases must not expire others' leases.
+    if redis.call('PTTL', key) < lease_ms[j] + 1000 then
+      redis.call('PEXPIRE', key, lease_ms[j] + 1000)
+    end
     return
   end
   local us

@@ -15,7 +15,7 @@ use crate::draw::{draws, Draw, Draws, RequestFacts};
 use crate::held::{Held, Lease, LeaseIds};
 use crate::limiter::bucket::clamp_charge;
 use crate::limiter::memory::MemoryLimiter;
-use crate::limiter::{Bucket, Decision, LimitState, Limiter, LimiterError};
+use crate::limiter::{Bucket, BucketParams, Decision, LimitState, Limiter, LimiterError};
 use crate::metrics::Outcome;
 use crate::plan::RoutePlan;
 use http::HeaderMap;
@@ -121,14 +121,19 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
         self.rank(route, &enforced, &verdict);
         let (shadow_rejects, shadow_admits) = shadow_rejects;
         if shadow_admits {
-            held.take(route, &shadow, false, false);
-        }
-        match &verdict {
-            Decided::Pass(Outcome::Allowed, Some(_)) => held.take(route, &enforced, false, true),
-            Decided::Pass(Outcome::LocalFallback, Some(_)) => {
-                held.take(route, &enforced, true, true)
+            held.lease(route, &shadow, false);
+            if matches!(verdict, Decided::Pass(..)) {
+                held.owe(route, &shadow, false, false);
             }
-            _ => {}
+        }
+        let local = match &verdict {
+            Decided::Pass(Outcome::Allowed, Some(_)) => Some(false),
+            Decided::Pass(Outcome::LocalFallback, Some(_)) => Some(true),
+            _ => None,
+        };
+        if let Some(local) = local {
+            held.lease(route, &enforced, local);
+            held.owe(route, &enforced, local, true);
         }
         let verdict = match verdict {
             Decided::Pass(Outcome::Allowed, decision) if shadow_rejects => Verdict::Pass(
@@ -175,7 +180,10 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
             };
             match charged {
                 Ok(d) => {
-                    if let (Some(cache), false) = (&self.deny_cache, owed.local) {
+                    // Only enforced limits are answered from the cache.
+                    if let (Some(cache), false, true) =
+                        (&self.deny_cache, owed.local, owed.enforced)
+                    {
                         let keys = [owed.key.clone()];
                         cache.note(&keys, &[owed.params], &d, self.clock.now_us(), None);
                     }
@@ -188,6 +196,33 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
             }
         }
         after
+    }
+
+    /// A decision that failed after reaching the store (a timeout, a dropped connection) may
+    /// have taken its leases there all the same: they are given back, in the background and at
+    /// best (whatever is left expires after `lease_ms`).
+    fn forget_leases(&self, draw: &Draw, result: &Result<Decision, LimiterError>) {
+        let reached = matches!(result, Err(e) if !matches!(e, LimiterError::Unavailable));
+        if !(reached && draw.leases()) {
+            return;
+        }
+        let leases: Vec<(String, BucketParams)> = draw
+            .buckets()
+            .iter()
+            .filter(|b| b.params.is_lease())
+            .map(|b| (b.key.to_string(), b.params))
+            .collect();
+        let limiter = self.limiter.clone();
+        tokio::spawn(async move {
+            let buckets: Vec<Bucket<'_>> = leases
+                .iter()
+                .map(|(key, params)| Bucket {
+                    key,
+                    params: *params,
+                })
+                .collect();
+            let _ = limiter.release(&buckets).await;
+        });
     }
 
     /// Ends the leases a request held (`admit`): called when its response is done, or when it
@@ -244,8 +279,12 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
         if draw.is_empty() {
             return Decided::Pass(Outcome::Allowed, None);
         }
-        let Some(cache) = &self.deny_cache else {
-            return self.verdict(route, draw, self.limiter.check(&draw.buckets()).await);
+        // A limit that refunds can gain tokens through another proxy, which a remembered denial
+        // would not see: such a route always asks the store.
+        let Some(cache) = self.deny_cache.as_ref().filter(|_| !route.refunds) else {
+            let result = self.limiter.check(&draw.buckets()).await;
+            self.forget_leases(draw, &result);
+            return self.verdict(route, draw, result);
         };
         let now = || self.clock.now_us();
         let refresh = match cache.consult(&draw.keys, &draw.params, now).await {
@@ -259,6 +298,7 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
             Consult::Ask(refresh) => refresh,
         };
         let result = self.limiter.check(&draw.buckets()).await;
+        self.forget_leases(draw, &result);
         match (&result, refresh) {
             (Ok(d), refresh) => cache.note(&draw.keys, &draw.params, d, now(), refresh),
             (Err(_), Some(refresh)) => refresh.failed(),
@@ -301,7 +341,9 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
         if draw.is_empty() {
             return (false, false);
         }
-        match self.limiter.check(&draw.buckets()).await {
+        let result = self.limiter.check(&draw.buckets()).await;
+        self.forget_leases(draw, &result);
+        match result {
             Ok(d) => (!d.allowed, d.allowed),
             Err(e) => {
                 log::debug!("route {}: shadow limits not decided: {e}", route.name);

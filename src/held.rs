@@ -30,9 +30,9 @@ impl Held {
             .any(|o| !o.settled && source(&o.charge.from))
     }
 
-    /// The leases and charges among `draw`'s buckets, which were just granted; `enforced`: the
-    /// client is told about these limits.
-    pub(crate) fn take(&mut self, route: &RoutePlan, draw: &Draw, local: bool, enforced: bool) {
+    /// The charges owed by `draw`'s buckets, which were just granted to a request that goes on
+    /// to the upstream; `enforced`: the client is told about these limits.
+    pub(crate) fn owe(&mut self, route: &RoutePlan, draw: &Draw, local: bool, enforced: bool) {
         let params = if local { &draw.local } else { &draw.params };
         for ((key, p), &i) in draw.keys.iter().zip(params).zip(&draw.limits) {
             let Some(limit) = route.limits.get(i) else {
@@ -50,10 +50,18 @@ impl Held {
                     counters: limit.usage.clone(),
                 });
             }
+        }
+    }
+
+    /// The leases among `draw`'s buckets, which were just granted (whatever becomes of the
+    /// request: they are the store's until released).
+    pub(crate) fn lease(&mut self, route: &RoutePlan, draw: &Draw, local: bool) {
+        let params = if local { &draw.local } else { &draw.params };
+        for ((key, p), &i) in draw.keys.iter().zip(params).zip(&draw.limits) {
             if !p.is_lease() {
                 continue;
             }
-            let gauge = limit.inflight.clone();
+            let gauge = route.limits.get(i).and_then(|l| l.inflight.clone());
             if let Some(g) = &gauge {
                 g.inc();
             }

@@ -39,6 +39,9 @@ pub struct LimitPlan {
 
 pub struct RoutePlan {
     pub name: String,
+    /// A limit refunds unused usage: tokens can come back through another proxy, so the deny
+    /// cache, which assumes they only go, is not used for the route.
+    pub refunds: bool,
     pub upstreams: Arc<UpstreamPool>,
     /// What each upstream of the pool is sent requests with (scheme, TLS, timeouts), by index.
     pub peers: Vec<HttpPeer>,
@@ -153,6 +156,10 @@ impl Plan {
                             }
                         })
                         .collect(),
+                    refunds: r
+                        .limits
+                        .iter()
+                        .any(|l| l.charge.as_ref().is_some_and(|c| c.refund_unused)),
                     single_headers: single_headers(r),
                     preserve_raw_path: r.preserve_raw_path,
                     headers: RouteHeaders::new(r),

@@ -180,6 +180,10 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             upstream_request.insert_header(header::HOST, host)?;
         }
         single_content_length(upstream_request)?;
+        if ctx.held.owes(|s| matches!(s, UsageSource::Json(_))) {
+            // A compressed or partial body hides the usage it reports: the client may not choose.
+            usage::plain_body(upstream_request)?;
+        }
         let peer = session
             .client_addr()
             .and_then(|a| a.as_inet())
@@ -304,6 +308,11 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        // An informational response (100 Continue, 103 Early Hints) is not the answer: its
+        // headers say nothing of the usage, and the final response follows.
+        if upstream_response.status.is_informational() {
+            return Ok(());
+        }
         // Usage reported in a header is charged before the headers go out, so they tell the
         // balance after this response.
         if ctx.held.owes(|s| matches!(s, UsageSource::Header(_))) {

@@ -6,7 +6,7 @@ use crate::config::UsageSource;
 use crate::held::Held;
 use bytes::Bytes;
 use http::HeaderMap;
-use pingora::http::ResponseHeader;
+use pingora::http::{RequestHeader, ResponseHeader};
 
 /// The most of a JSON body kept to find the usage in; a longer body is charged the up-front cost.
 pub const MAX_JSON: usize = 1 << 20;
@@ -33,12 +33,17 @@ impl Reported {
             .and_then(|v| v.split(';').next())
             .map(|t| t.trim().to_ascii_lowercase())
             .is_some_and(|t| t == "application/json" || t.ends_with("+json"));
+        // Encoded anyway (the upstream ignored `identity`): unreadable, so not kept.
+        let plain = resp
+            .headers
+            .get(http::header::CONTENT_ENCODING)
+            .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"));
         let length = resp
             .headers
             .get(http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<usize>().ok());
-        if json && length.is_none_or(|n| n <= MAX_JSON) {
+        if json && plain && resp.status.is_success() && length.is_none_or(|n| n <= MAX_JSON) {
             self.json = Some(Vec::with_capacity(length.unwrap_or(4096)));
         }
     }
@@ -71,6 +76,15 @@ impl Reported {
             UsageSource::Json(path) => self.json.as_deref().and_then(|b| json_number(b, path)),
         })
     }
+}
+
+/// The upstream request of a route charged from a JSON body: asked for the body whole and
+/// uncompressed (`Accept-Encoding: identity`, no `Range`), so that no client can make the usage
+/// unreadable by asking for gzip or a part.
+pub fn plain_body(req: &mut RequestHeader) -> pingora::Result<()> {
+    req.remove_header(&http::header::RANGE);
+    req.insert_header(http::header::ACCEPT_ENCODING, "identity")?;
+    Ok(())
 }
 
 /// At the response head: what a header source reported, `None` for the other sources (they

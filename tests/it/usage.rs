@@ -334,6 +334,14 @@ fn usage_in_a_json_body_is_charged_after_it(fleet: Fleet) {
     assert_eq!(header(&h, "x-ratelimit-remaining"), Some("48"), "{h:?}");
     let (_, h, _) = exchange(&mut conn, "/x");
     assert_eq!(header(&h, "x-ratelimit-remaining"), Some("47"), "{h:?}");
+    // A client cannot make the body unreadable: the upstream is asked for it whole and plain.
+    let r = proxy.get(
+        "/usage/json/5",
+        &[KEY, ("accept-encoding", "gzip, br"), ("range", "bytes=0-3")],
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(fleet.upstream.last_header("accept-encoding"), ["identity"]);
+    assert!(fleet.upstream.last_header("range").is_empty());
 }
 
 macro_rules! both_stores {
@@ -351,7 +359,29 @@ macro_rules! both_stores {
     };
 }
 
+/// A 100 Continue before the answer is not the answer: the usage in the final response's header
+/// is charged all the same (an interim response must not settle the charge as unreported).
+fn an_interim_response_does_not_settle_the_charge(fleet: Fleet) {
+    use std::io::Read;
+    let proxy = &fleet.proxies[0];
+    let mut conn = TcpStream::connect(proxy.addr).unwrap();
+    write!(
+        conn,
+        "POST /usage/header/40 HTTP/1.1\r\nHost: a\r\n{}: {}\r\nExpect: 100-continue\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+        KEY.0, KEY.1
+    )
+    .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    let lower = answer.to_ascii_lowercase();
+    assert!(lower.contains("x-usage-total-tokens: 40"), "{answer}");
+    assert!(lower.contains("x-ratelimit-remaining: 60"), "{answer}");
+    let unreported = "ratelimit_usage_unreported_total{limit=\"tokens\",route=\"llm\"}";
+    assert_eq!(proxy.metric(unreported), 0.0);
+}
+
 both_stores!(
+    an_interim_response_does_not_settle_the_charge: "header:x-usage-total-tokens",
     usage_in_a_header_is_charged_before_the_headers_go_out: "header:x-usage-total-tokens",
     a_response_that_does_not_report_is_charged_the_up_front_cost: "header:x-usage-total-tokens",
     usage_in_a_json_body_is_charged_after_it: "json:usage.total_tokens",

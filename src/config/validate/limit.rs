@@ -5,6 +5,9 @@ use crate::config::locate::Seg;
 use crate::config::raw::{OneOrMany, RawLimit, RawQuota};
 use crate::config::*;
 
+/// The longest a concurrency lease may be held without its request ending.
+const MAX_LEASE_MS: u64 = 86_400_000;
+
 impl Validator<'_> {
     pub(super) fn limit(
         &mut self,
@@ -261,11 +264,14 @@ impl Validator<'_> {
             );
             ok = false;
         }
-        if raw.lease_ms == Some(0) {
+        if let Some(ms) = raw.lease_ms.filter(|ms| !(1..=MAX_LEASE_MS).contains(ms)) {
             self.problem(
                 r,
                 at(base, &["lease_ms"]),
-                "must be an integer >= 1: how long a lease a dead proxy never released is held",
+                format!(
+                    "must be between 1 and {MAX_LEASE_MS} (a day): how long a lease that a dead \
+                     proxy never released is held, got {ms}"
+                ),
             );
             ok = false;
         }

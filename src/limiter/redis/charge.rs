@@ -13,6 +13,10 @@ impl RedisLimiter {
         buckets: &[Bucket<'_>],
         amounts: &[i64],
     ) -> Result<Decision, LimiterError> {
+        // The breaker knows Redis is down: the up-front cost stands, without waiting.
+        if !self.metrics.redis_up() {
+            return Err(LimiterError::Unavailable);
+        }
         let caller = &self.caller;
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(caller.script.get_hash()).arg(buckets.len());

@@ -7,6 +7,11 @@ use crate::limiter::{Bucket, Kind, LimiterError};
 impl RedisLimiter {
     /// `Limiter::release`: each lease removed from its key's sorted set.
     pub(super) async fn release_leases(&self, leases: &[Bucket<'_>]) -> Result<(), LimiterError> {
+        // The breaker knows Redis is down: nothing to wait for, the leases expire.
+        if !self.metrics.redis_up() {
+            return Err(LimiterError::Unavailable);
+        }
+        let mut failed = Ok(());
         for b in leases {
             let Kind::Leases { id, .. } = b.params.kind else {
                 continue;
@@ -18,11 +23,12 @@ impl RedisLimiter {
                 Ok(answer) => answer.map(drop).map_err(classify),
                 Err(_) => Err(LimiterError::Timeout(self.timeout)),
             };
+            // Each lease is tried: one that fails still expires by itself.
             if let Err(e) = result {
                 self.metrics.redis_error(e.kind());
-                return Err(e);
+                failed = Err(e);
             }
         }
-        Ok(())
+        failed
     }
 }

@@ -164,6 +164,16 @@ fn serve(stream: impl Read + Write, seen: &Seen) {
                 headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
             }
         }
+        // `Expect: 100-continue`: an interim response first, as servers do.
+        if headers
+            .iter()
+            .any(|(n, v)| n == "expect" && v.eq_ignore_ascii_case("100-continue"))
+        {
+            let writer = reader.get_mut();
+            if writer.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").is_err() {
+                return;
+            }
+        }
         let mut body = vec![0; content_length];
         if reader.read_exact(&mut body).is_err() {
             return;
