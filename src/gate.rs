@@ -19,8 +19,10 @@ use crate::limiter::{Bucket, BucketParams, Decision, LimitState, Limiter, Limite
 use crate::metrics::Outcome;
 use crate::plan::RoutePlan;
 use http::HeaderMap;
+use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 pub struct Gate<L, C> {
     limiter: Arc<L>,
@@ -225,6 +227,31 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
         });
     }
 
+    /// While a request holding leases is still in flight (its body moving), renews them once a
+    /// third of their `lease_ms` has passed since they were taken or last renewed: a stream may
+    /// run for longer than a lease lasts. The store's part is returned to run in the background.
+    pub fn renewal(&self, held: &mut Held) -> Option<impl Future<Output = ()> + Send + 'static> {
+        if !held.renewal_due(Instant::now()) {
+            return None;
+        }
+        let local: Vec<Bucket<'_>> = held.local.iter().map(Lease::bucket).collect();
+        self.fallback.renew_now(&local);
+        let leases: Vec<(String, BucketParams)> = held.store.iter().map(Lease::owned).collect();
+        let limiter = self.limiter.clone();
+        (!leases.is_empty()).then_some(async move {
+            let buckets: Vec<Bucket<'_>> = leases
+                .iter()
+                .map(|(key, params)| Bucket {
+                    key,
+                    params: *params,
+                })
+                .collect();
+            if let Err(e) = limiter.renew(&buckets).await {
+                log::debug!("leases not renewed (they expire after lease_ms): {e}");
+            }
+        })
+    }
+
     /// Ends the leases a request held (`admit`): called when its response is done, or when it
     /// was aborted or its client went away. A store that cannot be told lets them expire.
     pub async fn release(&self, held: &mut Held) {
@@ -235,7 +262,7 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
         let held = Held {
             store,
             local,
-            owed: Vec::new(),
+            ..Held::default()
         };
         if !held.store.is_empty() {
             let buckets: Vec<Bucket<'_>> = held.store.iter().map(Lease::bucket).collect();
@@ -403,6 +430,10 @@ mod tests {
             Err(LimiterError::Connection("refused".into()))
         }
 
+        async fn renew(&self, _: &[Bucket<'_>]) -> Result<(), LimiterError> {
+            Err(LimiterError::Connection("refused".into()))
+        }
+
         async fn charge(&self, _: &[Bucket<'_>], _: &[i64]) -> Result<Decision, LimiterError> {
             Err(LimiterError::Connection("refused".into()))
         }
@@ -426,6 +457,10 @@ mod tests {
 
         async fn release(&self, leases: &[Bucket<'_>]) -> Result<(), LimiterError> {
             self.store.release(leases).await
+        }
+
+        async fn renew(&self, leases: &[Bucket<'_>]) -> Result<(), LimiterError> {
+            self.store.renew(leases).await
         }
 
         async fn charge(

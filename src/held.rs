@@ -4,10 +4,11 @@
 
 use crate::config::{Charge, UsageSource};
 use crate::draw::Draw;
-use crate::limiter::{Bucket, BucketParams};
+use crate::limiter::{Bucket, BucketParams, Kind};
 use crate::plan::RoutePlan;
 use prometheus::{IntCounter, IntGauge};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// A request's leases and charges, in the store or (failing over locally) in the fallback.
 #[derive(Default)]
@@ -15,9 +16,34 @@ pub struct Held {
     pub(crate) store: Vec<Lease>,
     pub(crate) local: Vec<Lease>,
     pub(crate) owed: Vec<Owed>,
+    /// When the leases were taken or last renewed.
+    pub(crate) renewed: Option<Instant>,
 }
 
 impl Held {
+    /// Whether the leases are a third of their shortest life old since they were taken or last
+    /// renewed; if so they count as renewed from `now`.
+    pub(crate) fn renewal_due(&mut self, now: Instant) -> bool {
+        let shortest = self
+            .store
+            .iter()
+            .chain(&self.local)
+            .filter_map(|l| match l.params.kind {
+                Kind::Leases { ms, .. } => Some(ms),
+                _ => None,
+            })
+            .min();
+        let Some(shortest) = shortest else {
+            return false;
+        };
+        let since = *self.renewed.get_or_insert(now);
+        if now.duration_since(since) < Duration::from_millis(shortest / 3) {
+            return false;
+        }
+        self.renewed = Some(now);
+        true
+    }
+
     /// Whether it holds any lease.
     pub fn leases(&self) -> bool {
         !(self.store.is_empty() && self.local.is_empty())
@@ -74,6 +100,7 @@ impl Held {
                 true => self.local.push(lease),
                 false => self.store.push(lease),
             }
+            self.renewed.get_or_insert_with(Instant::now);
         }
     }
 }
@@ -85,6 +112,10 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
+    pub(crate) fn owned(&self) -> (String, BucketParams) {
+        (self.key.clone(), self.params)
+    }
+
     pub(crate) fn bucket(&self) -> Bucket<'_> {
         Bucket {
             key: &self.key,

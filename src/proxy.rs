@@ -344,7 +344,19 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         ctx: &mut RequestCtx,
     ) -> Result<Option<std::time::Duration>> {
         ctx.reported.body(body.as_ref());
+        self.keep_leases(ctx);
         Ok(None)
+    }
+
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        self.keep_leases(ctx);
+        Ok(())
     }
 
     fn upstream_response_trailer_filter(
@@ -379,6 +391,18 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
 
 fn route_of(ctx: &RequestCtx) -> Option<&RoutePlan> {
     ctx.plan.as_ref()?.routes.get(ctx.route?)
+}
+
+impl<L: Limiter> RateLimitProxy<L> {
+    /// A request whose body is still moving is in flight: its leases are renewed when due, in
+    /// the background (a stream may outlast `lease_ms`).
+    fn keep_leases(&self, ctx: &mut RequestCtx) {
+        if ctx.held.leases() {
+            if let Some(renewal) = self.gate.renewal(&mut ctx.held) {
+                tokio::spawn(renewal);
+            }
+        }
+    }
 }
 
 /// A request that cannot be put in canonical form, or that repeats a header its limit keys on:

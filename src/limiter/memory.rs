@@ -203,6 +203,25 @@ impl<C: Clock> MemoryLimiter<C> {
         Ok(decision)
     }
 
+    /// `Limiter::renew`, synchronously.
+    pub fn renew_now(&self, leases: &[Bucket<'_>]) {
+        let now = self.clock.now_us();
+        for b in leases {
+            let Kind::Leases { ms, id } = b.params.kind else {
+                continue;
+            };
+            let mut shard = self
+                .shard(hash_tag(b.key))
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if let Some(held) = shard.leases.get_mut(b.key) {
+                for lease in held.iter_mut().filter(|l| l.0 == id && l.1 > now) {
+                    lease.1 = now + ms * 1000;
+                }
+            }
+        }
+    }
+
     /// Ends the leases of `leases` (concurrency limits' buckets, each with its request's id).
     pub fn give_back(&self, leases: &[Bucket<'_>]) {
         for b in leases {
@@ -238,6 +257,11 @@ impl<C: Clock> Limiter for MemoryLimiter<C> {
         amounts: &[i64],
     ) -> Result<Decision, LimiterError> {
         self.charge_now(buckets, amounts)
+    }
+
+    async fn renew(&self, leases: &[Bucket<'_>]) -> Result<(), LimiterError> {
+        self.renew_now(leases);
+        Ok(())
     }
 
     async fn release(&self, leases: &[Bucket<'_>]) -> Result<(), LimiterError> {

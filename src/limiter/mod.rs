@@ -248,6 +248,11 @@ pub trait Limiter: Send + Sync + 'static {
         leases: &[Bucket<'_>],
     ) -> impl Future<Output = Result<(), LimiterError>> + Send;
 
+    /// Keeps the leases `check` granted alive for another `lease_ms` while their request is
+    /// still in flight (a long stream); a lease that already expired stays gone.
+    fn renew(&self, leases: &[Bucket<'_>])
+        -> impl Future<Output = Result<(), LimiterError>> + Send;
+
     /// Takes `amounts[i]` whole tokens from `buckets[i]` (negative: gives them back, up to the
     /// capacity) whatever they hold, going into debt: the usage a response reported beyond its
     /// up-front cost. The decision is the buckets after the charge (`allowed` is always true).

@@ -493,3 +493,49 @@ fn shadow_limits_and_reloads_work_for_the_new_kinds() {
     assert_eq!(proxy.get("/x", &[KEY]).status, 200);
     assert_eq!(proxy.get("/x", &[KEY]).status, 429);
 }
+
+/// A stream that runs longer than `lease_ms` keeps its lease: it is renewed while the body moves,
+/// so no second request of the key gets in meanwhile; once the stream ends, one does.
+fn a_stream_longer_than_its_lease_keeps_it(fleet: Fleet) {
+    let proxy = &fleet.proxies[0];
+    let addr = proxy.addr;
+    let stream = std::thread::spawn(move || crate::support::http::get(addr, "/drip/2500", &[KEY]));
+    wait_for("the stream to start", Duration::from_secs(10), || {
+        (fleet.upstream.hits() == 1).then_some(())
+    });
+    let started = Instant::now();
+    let mut probes = 0;
+    while !stream.is_finished() {
+        let r = proxy.get("/x", &[KEY]);
+        assert_eq!(
+            r.status,
+            429,
+            "{:?} into a stream with 600 ms leases: {r:?}",
+            started.elapsed()
+        );
+        probes += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        started.elapsed() > Duration::from_millis(1800),
+        "the stream outlived 3 leases"
+    );
+    assert!(probes > 10);
+    assert_eq!(stream.join().unwrap().status, 200);
+    wait_for("the lease released", Duration::from_secs(10), || {
+        (proxy.get("/x", &[KEY]).status == 200).then_some(())
+    });
+}
+
+const SHORT_LEASES: &str =
+    "      - { name: inflight, concurrency: 1, lease_ms: 600, key: \"header:x-api-key\" }\n";
+
+#[test]
+fn a_stream_longer_than_its_lease_keeps_it_on_redis() {
+    a_stream_longer_than_its_lease_keeps_it(Fleet::start(1, SHORT_LEASES));
+}
+
+#[test]
+fn a_stream_longer_than_its_lease_keeps_it_in_memory() {
+    a_stream_longer_than_its_lease_keeps_it(Fleet::alone(SHORT_LEASES));
+}

@@ -43,6 +43,8 @@ use std::time::{Duration, Instant};
 
 /// The script, compiled into the binary so it always matches the code that parses its reply.
 pub const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua");
+/// Renews a concurrency lease whose request is still in flight.
+pub const RENEW_LUA: &str = include_str!("../../../lua/renew.lua");
 /// One bucket read without writing (the admin API).
 pub const PEEK_LUA: &str = include_str!("../../../lua/peek.lua");
 
@@ -388,6 +390,10 @@ impl Limiter for RedisLimiter {
 
     async fn release(&self, leases: &[Bucket<'_>]) -> Result<(), LimiterError> {
         self.release_leases(leases).await
+    }
+
+    async fn renew(&self, leases: &[Bucket<'_>]) -> Result<(), LimiterError> {
+        self.renew_leases(leases).await
     }
 
     async fn charge(

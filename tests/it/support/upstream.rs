@@ -4,7 +4,8 @@
 //! forwarded. `/slow` takes 700 ms. `/hold` waits until the test opens the gate (`open`), so a
 //! test controls how many requests are in flight. `/usage/header/<n>` reports `n` tokens used in
 //! `x-usage-total-tokens`, `/usage/json/<n>` in a JSON body (`usage.total_tokens`), as LLM APIs
-//! do. `start_tls` serves the same over TLS (rustls, ALPN http/1.1).
+//! do. `/drip/<ms>` streams a chunk every 100 ms for that long. `start_tls` serves the same over
+//! TLS (rustls, ALPN http/1.1).
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -205,6 +206,32 @@ fn serve(stream: impl Read + Write, seen: &Seen) {
             seen.in_flight.fetch_sub(1, Ordering::SeqCst);
         }
         let path = request_line.split(' ').nth(1).unwrap_or("");
+        if let Some(ms) = path
+            .strip_prefix("/drip/")
+            .and_then(|m| m.parse::<u64>().ok())
+        {
+            // A stream: a chunk every 100 ms for `ms`, as a model streams its answer.
+            let writer = reader.get_mut();
+            let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
+            if writer.write_all(head.as_bytes()).is_err() {
+                return;
+            }
+            let started = std::time::Instant::now();
+            while started.elapsed() < std::time::Duration::from_millis(ms) {
+                if writer
+                    .write_all(b"6\r\ndata:\n\r\n")
+                    .and_then(|_| writer.flush())
+                    .is_err()
+                {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            if writer.write_all(b"0\r\n\r\n").is_err() {
+                return;
+            }
+            continue;
+        }
         let (content_type, usage_header, body) = match path.strip_prefix("/usage/") {
             Some(rest) => match rest.split_once('/') {
                 Some(("header", n)) => (
