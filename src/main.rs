@@ -64,7 +64,13 @@ fn check_redis(config: &Config) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let lines = runtime.block_on(ratelimit_proxy::preflight::check(redis, &*topology));
+    let leases = config.routes.iter().flat_map(|r| &r.limits).any(|l| {
+        matches!(
+            l.allowance,
+            ratelimit_proxy::config::Allowance::Concurrency { .. }
+        )
+    });
+    let lines = runtime.block_on(ratelimit_proxy::preflight::check(redis, &*topology, leases));
     for line in &lines {
         println!("{line}");
     }

@@ -7,10 +7,11 @@
 //! which any ACL key pattern for the prefix covers): written in the configured format, read back
 //! in the other (a fleet upgrading its format runs both), read by the admin API's `peek.lua`, and
 //! again with Redis `TIME` when the clock is Redis's. It refills in a microsecond and expires a
-//! second later.
+//! second later. When a route has a concurrency limit, a lease is taken, renewed and released
+//! on `rl:{--check}:inflight@inflight` (sorted-set commands an ACL must allow too).
 
 use crate::config::{ClockSource, RedisSettings, StateFormat};
-use crate::limiter::redis::{Topology, PEEK_LUA, TOKEN_BUCKET_LUA};
+use crate::limiter::redis::{Topology, PEEK_LUA, RENEW_LUA, TOKEN_BUCKET_LUA};
 use redis::{Cmd, ErrorKind, RedisError, Value};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -33,8 +34,9 @@ impl std::fmt::Display for Line {
     }
 }
 
-/// Runs every check against `topology` (built from `redis`); the lines in order.
-pub async fn check(redis: &RedisSettings, topology: &dyn Topology) -> Vec<Line> {
+/// Runs every check against `topology` (built from `redis`), the lease ones when `leases` (a
+/// route has a concurrency limit); the lines in order.
+pub async fn check(redis: &RedisSettings, topology: &dyn Topology, leases: bool) -> Vec<Line> {
     let wait = redis.timeout.max(AT_LEAST);
     let query = |cmd: Cmd| async move {
         match tokio::time::timeout(wait, topology.query(&cmd)).await {
@@ -141,6 +143,48 @@ pub async fn check(redis: &RedisSettings, topology: &dyn Topology) -> Vec<Line> 
         Err(e) => Err(e.to_string()),
     };
     line("the admin API's bucket read (peek.lua)", peeked);
+    if leases {
+        let key = format!("{}:{{--check}}:inflight@inflight", redis.key_prefix);
+        let now = now_us().to_string();
+        // One request holding one lease (id 1, a second long) of a limit of one.
+        let mut take = redis::cmd("EVALSHA");
+        take.arg(&sha)
+            .arg(1)
+            .arg(&key)
+            .arg(&now)
+            .arg(format)
+            .arg(1)
+            .arg(&["1", "1", "lease:1000:1", "1"])
+            .arg(1)
+            .arg(1);
+        let taken = query(take).await.and_then(admitted);
+        if line(
+            "EVALSHA, a concurrency lease taken",
+            taken.map_err(|e| e.to_string()),
+        ) {
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(RENEW_LUA);
+            let renewed = match query(load).await {
+                Ok(Value::BulkString(renew)) => {
+                    let mut cmd = redis::cmd("EVALSHA");
+                    cmd.arg(String::from_utf8_lossy(&renew).as_ref())
+                        .arg(1)
+                        .arg(&key)
+                        .arg(&now)
+                        .arg(1000)
+                        .arg(1);
+                    query(cmd).await.map(drop).map_err(|e| e.to_string())
+                }
+                Ok(other) => Err(format!("SCRIPT LOAD replied {other:?}")),
+                Err(e) => Err(e.to_string()),
+            };
+            line("a streaming request's lease renewed (renew.lua)", renewed);
+            let mut zrem = redis::cmd("ZREM");
+            zrem.arg(&key).arg(1);
+            let released = query(zrem).await.map(drop).map_err(|e| e.to_string());
+            line("ZREM, a concurrency lease released", released);
+        }
+    }
     if redis.clock == ClockSource::Redis {
         let timed = query(decide(format, "")).await.and_then(admitted);
         line(

@@ -9,6 +9,16 @@ use std::process::Command;
 /// `--check --redis` on a config for `url` (password from RL_TEST_PREFLIGHT_PASSWORD when given):
 /// exit code and stdout.
 fn preflight(url: &str, password: Option<&str>, clock: &str) -> (i32, String) {
+    preflight_routes(
+        url,
+        password,
+        clock,
+        "{ name: a, upstream: \"127.0.0.1:2\" }",
+    )
+}
+
+/// The same with one route, YAML.
+fn preflight_routes(url: &str, password: Option<&str>, clock: &str, route: &str) -> (i32, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("routes.yaml");
     let password_env = if password.is_some() {
@@ -20,7 +30,7 @@ fn preflight(url: &str, password: Option<&str>, clock: &str) -> (i32, String) {
         &path,
         format!(
             "listen: \"127.0.0.1:1\"\nredis:\n  url: \"{url}\"{password_env}\n  clock: {clock}\n  \
-             state_format: packed\nroutes:\n  - {{ name: a, upstream: \"127.0.0.1:2\" }}\n"
+             state_format: packed\nroutes:\n  - {route}\n"
         ),
     )
     .unwrap();
@@ -122,4 +132,40 @@ fn an_acl_user_without_pttl_fails_only_the_admin_read() {
     assert_eq!(code, 2, "{text}");
     assert_eq!(failed.len(), 1, "{text}");
     assert!(failed[0].contains("peek.lua"), "{text}");
+}
+
+/// A concurrency route needs the sorted-set commands too: the lease is taken, renewed and
+/// released for real, and an ACL user without them fails exactly the lease check.
+#[test]
+fn a_concurrency_route_checks_its_leases_under_acl() {
+    let redis = RedisServer::start_with(&["--requirepass", "admin-secret"]);
+    let route =
+        "{ name: a, upstream: \"127.0.0.1:2\", limits: [{ name: inflight, concurrency: 2 }] }";
+    let mut args = vec!["ACL", "SETUSER", "full", "on", ">user-secret", "~rl:*"];
+    args.extend(crate::support::redis::PROXY_ACL);
+    args.extend(crate::support::redis::LEASE_ACL);
+    let _: String = redis.cmd(&args);
+    let url = format!("{}?user=full", redis.url());
+    let (code, text) = preflight_routes(&url, Some("user-secret"), "proxy", route);
+    assert_eq!(code, 0, "{text}");
+    let lines = redis_lines(&text);
+    assert!(
+        lines.iter().any(|l| l.contains("concurrency lease taken")),
+        "{text}"
+    );
+    assert!(lines.iter().any(|l| l.contains("renew.lua")), "{text}");
+    assert!(lines.iter().any(|l| l.contains("lease released")), "{text}");
+    assert!(lines.iter().all(|l| l.ends_with(": ok")), "{text}");
+
+    user_without(&redis, "buckets_only", "none");
+    let url = format!("{}?user=buckets_only", redis.url());
+    let (code, text) = preflight_routes(&url, Some("user-secret"), "proxy", route);
+    assert_eq!(code, 2, "{text}");
+    let failed: Vec<&str> = redis_lines(&text)
+        .into_iter()
+        .filter(|l| l.contains("FAILED"))
+        .collect();
+    assert_eq!(failed.len(), 1, "{text}");
+    assert!(failed[0].contains("concurrency lease taken"), "{text}");
+    assert!(failed[0].contains("can't run this command"), "{text}");
 }

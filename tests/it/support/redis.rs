@@ -189,6 +189,16 @@ impl Drop for RedisServer {
     }
 }
 
+/// What concurrency limits run on top of `PROXY_ACL`: their leases are sorted sets.
+pub const LEASE_ACL: [&str; 6] = [
+    "+zadd",
+    "+zrem",
+    "+zremrangebyscore",
+    "+zcard",
+    "+zscore",
+    "+zcount",
+];
+
 /// Every command the proxy runs (its own and its scripts'), as ACL rules: a least-privilege user
 /// for the tests that need one.
 pub const PROXY_ACL: [&str; 14] = [
