@@ -54,7 +54,8 @@ impl Log for Demoting {
 }
 
 /// Whether `record` is one of Pingora's lines about a client connection (reset, closed early,
-/// malformed, a failed TLS or HTTP/2 handshake), which no hook reaches.
+/// malformed, a failed TLS or HTTP/2 handshake, or the pool race clients provoke by leaving),
+/// which no hook reaches.
 fn about_a_client(record: &Record<'_>) -> bool {
     let prefixes: &[&str] = match record.target() {
         "pingora_proxy" => &[
@@ -70,6 +71,9 @@ fn about_a_client(record: &Record<'_>) -> bool {
             &["Downstream handshake error", "Downstream handshake timeout"]
         }
         "pingora_core::apps" => &["H2 handshake error"],
+        // A race in Pingora's upstream pool (an idle connection still watched as it is taken),
+        // which clients going away at the right moment provoke; Pingora connects anew.
+        "pingora_core::connectors" => &["failed to acquire reusable stream"],
         _ => return false,
     };
     let text = record.args().to_string();
@@ -116,6 +120,11 @@ mod tests {
                 "Downstream handshake error from {}: {}",
                 "127.0.0.1:5", "bad"
             ),
+            |r| assert!(about_a_client(r)),
+        );
+        record(
+            "pingora_core::connectors",
+            format_args!("failed to acquire reusable stream"),
             |r| assert!(about_a_client(r)),
         );
         record(
