@@ -76,14 +76,7 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
             .collect();
         let limiter = self.limiter.clone();
         tokio::spawn(async move {
-            let buckets: Vec<Bucket<'_>> = leases
-                .iter()
-                .map(|(key, params)| Bucket {
-                    key,
-                    params: *params,
-                })
-                .collect();
-            let _ = limiter.release(&buckets).await;
+            let _ = limiter.release(&borrowed(&leases)).await;
         });
     }
 
@@ -99,14 +92,7 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
         let leases: Vec<(String, BucketParams)> = held.store.iter().map(Lease::owned).collect();
         let limiter = self.limiter.clone();
         (!leases.is_empty()).then_some(async move {
-            let buckets: Vec<Bucket<'_>> = leases
-                .iter()
-                .map(|(key, params)| Bucket {
-                    key,
-                    params: *params,
-                })
-                .collect();
-            if let Err(e) = limiter.renew(&buckets).await {
+            if let Err(e) = limiter.renew(&borrowed(&leases)).await {
                 log::debug!("leases not renewed (they expire after lease_ms): {e}");
             }
         })
@@ -138,4 +124,15 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
             }
         }
     }
+}
+
+/// Buckets for leases a background task owns.
+fn borrowed(leases: &[(String, BucketParams)]) -> Vec<Bucket<'_>> {
+    leases
+        .iter()
+        .map(|(key, params)| Bucket {
+            key,
+            params: *params,
+        })
+        .collect()
 }

@@ -203,9 +203,24 @@ impl<C: Clock> MemoryLimiter<C> {
         Ok(decision)
     }
 
-    /// `Limiter::renew`, synchronously.
+    /// `Limiter::renew`, synchronously: each lease still held expires `lease_ms` from now.
     pub fn renew_now(&self, leases: &[Bucket<'_>]) {
         let now = self.clock.now_us();
+        self.each_lease(leases, |held, id, ms| {
+            for lease in held.iter_mut().filter(|l| l.0 == id && l.1 > now) {
+                lease.1 = now + ms * 1000;
+            }
+        });
+    }
+
+    /// Ends the leases of `leases` (concurrency limits' buckets, each with its request's id).
+    pub fn give_back(&self, leases: &[Bucket<'_>]) {
+        self.each_lease(leases, |held, id, _| held.retain(|&(lease, _)| lease != id));
+    }
+
+    /// Calls `f` with the set of leases at each lease's key, its id and `lease_ms`, under the
+    /// key's shard lock; a set left empty is dropped.
+    fn each_lease(&self, leases: &[Bucket<'_>], mut f: impl FnMut(&mut Vec<(u64, u64)>, u64, u64)) {
         for b in leases {
             let Kind::Leases { ms, id } = b.params.kind else {
                 continue;
@@ -215,25 +230,7 @@ impl<C: Clock> MemoryLimiter<C> {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
             if let Some(held) = shard.leases.get_mut(b.key) {
-                for lease in held.iter_mut().filter(|l| l.0 == id && l.1 > now) {
-                    lease.1 = now + ms * 1000;
-                }
-            }
-        }
-    }
-
-    /// Ends the leases of `leases` (concurrency limits' buckets, each with its request's id).
-    pub fn give_back(&self, leases: &[Bucket<'_>]) {
-        for b in leases {
-            let Kind::Leases { id, .. } = b.params.kind else {
-                continue;
-            };
-            let mut shard = self
-                .shard(hash_tag(b.key))
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if let Some(held) = shard.leases.get_mut(b.key) {
-                held.retain(|&(lease, _)| lease != id);
+                f(held, id, ms);
                 if held.is_empty() {
                     shard.leases.remove(b.key);
                 }
