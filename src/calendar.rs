@@ -27,8 +27,8 @@ impl Period {
             // epoch: the clock starts there).
             Period::Week => day.saturating_sub((day + 3) % 7),
             Period::Month => {
-                let (y, m, _) = civil_from_days(day);
-                days_from_civil(y, m, 1)
+                let (y, m, _) = civil_from_days(day as i64);
+                days_from_civil(y as u64, m, 1)
             }
         };
         first * DAY_US
@@ -42,7 +42,8 @@ impl Period {
             Period::Day => day + 1,
             Period::Week => day + 7 - (day + 3) % 7,
             Period::Month => {
-                let (y, m, _) = civil_from_days(day);
+                let (y, m, _) = civil_from_days(day as i64);
+                let y = y as u64;
                 if m == 12 {
                     days_from_civil(y + 1, 1, 1)
                 } else {
@@ -71,18 +72,19 @@ pub fn days_from_civil(y: u64, m: u64, d: u64) -> u64 {
     era * 146_097 + doe - 719_468
 }
 
-/// The date (year, month 1–12, day 1–31) of a day since 1970-01-01.
-pub fn civil_from_days(days: u64) -> (u64, u64, u64) {
+/// The date (year, month 1–12, day 1–31) of a day since 1970-01-01 (before it too: X.509 times
+/// may be).
+pub fn civil_from_days(days: i64) -> (i64, u64, u64) {
     let z = days + 719_468;
-    let era = z / 146_097;
+    let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
     let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
     let mp = (5 * doy + 2) / 153;
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m as u64, d as u64)
 }
 
 /// The microsecond that starts a date, UTC.
@@ -98,8 +100,9 @@ mod tests {
     fn days_and_dates_agree_for_four_centuries() {
         for day in 0..146_097 * 2 {
             let (y, m, d) = civil_from_days(day);
-            assert_eq!(days_from_civil(y, m, d), day, "{y}-{m}-{d}");
+            assert_eq!(days_from_civil(y as u64, m, d) as i64, day, "{y}-{m}-{d}");
         }
+        assert_eq!(civil_from_days(-1), (1969, 12, 31), "before the epoch");
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(days_from_civil(2000, 3, 1), 11_017);
     }

@@ -290,7 +290,7 @@ pub fn refusal_detail(why: &Refusal<'_>) -> String {
 
 /// Unix seconds as `2027-01-01T00:00:00Z`.
 fn utc(secs: u64) -> String {
-    let (y, m, d) = calendar::civil_from_days(secs / 86_400);
+    let (y, m, d) = calendar::civil_from_days((secs / 86_400) as i64);
     let s = secs % 86_400;
     format!(
         "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",

@@ -94,7 +94,7 @@ fn to_midnight() -> (u64, String) {
         .unwrap()
         .as_micros() as u64;
     let end = Period::Day.end(now);
-    let (y, m, d) = civil_from_days(end / 86_400_000_000);
+    let (y, m, d) = civil_from_days((end / 86_400_000_000) as i64);
     (
         (end - now).div_ceil(1_000_000),
         format!("{y:04}-{m:02}-{d:02}T00:00:00Z"),
