@@ -34,9 +34,9 @@ pub struct RouteHeaders {
     /// Each limit's quota period, for a quota.
     periods: Vec<Option<Period>>,
     policy: Option<HeaderValue>,
-    /// The enforced limits, when one is a monthly quota: the policy's `w` is then the length of
-    /// the month under way, rendered per response.
-    monthly: Option<Vec<(String, Allowance)>>,
+    /// When a monthly quota is enforced, the policy for each month length (28 to 31 days): its
+    /// `w` is the length of the month under way, so the response picks one, never renders one.
+    monthly: Option<Vec<HeaderValue>>,
 }
 
 impl RouteHeaders {
@@ -76,7 +76,13 @@ impl RouteHeaders {
                 })
                 .collect(),
             policy: policy(&listed, SystemClock.now_us()),
-            monthly: monthly.then_some(listed),
+            // A month of each length: February 2027 and 2028, April and January 2027.
+            monthly: monthly.then(|| {
+                [(2027, 2), (2028, 2), (2027, 4), (2027, 1)]
+                    .iter()
+                    .filter_map(|&(y, m)| policy(&listed, calendar::midnight(y, m, 1)))
+                    .collect()
+            }),
         }
     }
 
@@ -109,17 +115,15 @@ impl RouteHeaders {
             X_RATELIMIT_RESET,
             HeaderValue::from(secs_ceil(state.reset_us)),
         );
-        match &self.monthly {
-            Some(listed) => {
-                if let Some(p) = policy(listed, SystemClock.now_us()) {
-                    put(RATELIMIT_POLICY, p);
-                }
+        let policy = match &self.monthly {
+            Some(by_length) => {
+                let days = Period::Month.length_secs(SystemClock.now_us()) / 86_400;
+                by_length.get(days.saturating_sub(28) as usize)
             }
-            None => {
-                if let Some(p) = &self.policy {
-                    put(RATELIMIT_POLICY, p.clone());
-                }
-            }
+            None => self.policy.as_ref(),
+        };
+        if let Some(p) = policy {
+            put(RATELIMIT_POLICY, p.clone());
         }
         if let Ok(v) = HeaderValue::from_maybe_shared(self.ratelimit(i, state.remaining, t)) {
             put(RATELIMIT, v);
@@ -403,6 +407,18 @@ mod tests {
         assert!(
             got.contains(&("x-ratelimit-reset".into(), "2".into())),
             "{got:?}"
+        );
+    }
+
+    #[test]
+    fn a_monthly_quota_has_a_policy_for_each_month_length() {
+        let yaml = "listen: \"127.0.0.1:1\"\nroutes:\n  - name: api\n    upstream: \"h:1\"\n    limits:\n      - { name: m, quota: { amount: 9, period: month } }\n";
+        let h = RouteHeaders::new(&Config::parse("t.yaml", yaml).unwrap().routes[0]);
+        let by_length = h.monthly.as_ref().expect("rendered once");
+        let ws: Vec<&str> = by_length.iter().map(|v| v.to_str().unwrap()).collect();
+        assert_eq!(
+            ws,
+            [28, 29, 30, 31].map(|d| format!("\"m\";q=9;w={}", d * 86_400)),
         );
     }
 }
