@@ -143,18 +143,14 @@ impl Owed {
     /// What is left to charge when the response reported `used` (`None`: it did not say; the
     /// up-front cost stands): the difference, or nothing when it used less and no refund is due.
     pub(crate) fn amount(&self, used: Option<u64>) -> Option<i64> {
-        let (charged, unreported) = match &self.counters {
-            Some((c, u)) => (Some(c), Some(u)),
-            None => (None, None),
-        };
         let Some(used) = used else {
-            if let Some(u) = unreported {
-                u.inc();
+            if let Some((_, unreported)) = &self.counters {
+                unreported.inc();
             }
             return None;
         };
-        if let Some(c) = charged {
-            c.inc_by(used);
+        if let Some((charged, _)) = &self.counters {
+            charged.inc_by(used);
         }
         let more = i64::try_from(used)
             .unwrap_or(i64::MAX)
