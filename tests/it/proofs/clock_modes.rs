@@ -17,44 +17,20 @@
 //! refilling, and each such expiry can hand out up to rate × (S − 1 s) again
 //! (`beyond_one_second_of_skew_every_expiry_over_admits_again`).
 
-use super::limit;
+use super::{limit, redis_limiter, runtime, Offset};
 use crate::support::redis::RedisServer;
 use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::TestCaseError;
 use ratelimit_proxy::clock::{Clock, ManualClock, SystemClock};
-use ratelimit_proxy::limiter::redis::{Format, RedisLimiter, RedisOptions, Security, Standalone};
+use ratelimit_proxy::limiter::redis::{Format, RedisLimiter};
 use ratelimit_proxy::limiter::{Bucket, BucketParams, Limiter};
-use ratelimit_proxy::metrics::Metrics;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const SECOND: u64 = 1_000_000;
 const T0: u64 = crate::support::lua::T0;
-
-/// A proxy's clock: some base clock, `offset` µs ahead (negative: behind).
-struct Offset<C> {
-    base: Arc<C>,
-    offset: AtomicI64,
-}
-
-impl<C: Clock> Offset<C> {
-    fn new(base: &Arc<C>, offset: i64) -> Arc<Offset<C>> {
-        Arc::new(Offset {
-            base: base.clone(),
-            offset: AtomicI64::new(offset),
-        })
-    }
-}
-
-impl<C: Clock> Clock for Offset<C> {
-    fn now_us(&self) -> u64 {
-        self.base
-            .now_us()
-            .saturating_add_signed(self.offset.load(Ordering::SeqCst))
-    }
-}
 
 /// The wall clock, pushed forward by the test: time never runs slower than Redis's own, so a key
 /// that Redis expires (by its own clock) is one whose bucket is full by these clocks too.
@@ -75,23 +51,7 @@ impl Clock for Jumping {
 
 /// A proxy's limiter: `clock: proxy` with `clock`, `clock: redis` with `None`.
 fn proxy(redis: &RedisServer, clock: Option<Box<dyn Clock>>) -> RedisLimiter {
-    let metrics = Metrics::new(&prometheus::Registry::new(), true).unwrap();
-    let timeout = Duration::from_secs(10);
-    let topology = Standalone::new(&redis.url(), &Security::default(), timeout).unwrap();
-    let options = RedisOptions {
-        timeout,
-        clock,
-        format: Format::Hash,
-        metrics,
-    };
-    RedisLimiter::new(Box::new(topology), options)
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
+    redis_limiter(redis, clock, Format::Hash)
 }
 
 async fn admitted(l: &RedisLimiter, key: &str, p: BucketParams) -> bool {

@@ -11,7 +11,7 @@
 //! Replaying a failure: see `proofs::check` (`PROPTEST_RNG_SEED=<n> cargo test --test it
 //! proofs::differential`).
 
-use super::{check, SetClock};
+use super::{buckets, check, SetClock};
 use crate::support::lua::{decision, stored, type_of, Request, Script, T0};
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -24,7 +24,7 @@ use ratelimit_proxy::limiter::bucket::{charge, clamp_charge, evaluate, State};
 use ratelimit_proxy::limiter::memory::MemoryLimiter;
 use ratelimit_proxy::limiter::redis::Format;
 use ratelimit_proxy::limiter::Decision;
-use ratelimit_proxy::limiter::{Bucket, BucketParams, Period};
+use ratelimit_proxy::limiter::{BucketParams, Period};
 use redis::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -266,15 +266,7 @@ fn decide_in_memory<K: AsRef<str>>(
     params: &[BucketParams],
 ) -> Decision {
     clock.set(now);
-    let buckets: Vec<Bucket<'_>> = keys
-        .iter()
-        .zip(params)
-        .map(|(key, p)| Bucket {
-            key: key.as_ref(),
-            params: *p,
-        })
-        .collect();
-    memory.decide(&buckets).expect("one hash tag")
+    memory.decide(&buckets(keys, params)).expect("one hash tag")
 }
 
 /// Replays `h` through the script, the in-memory store and the mirror, comparing every step.
@@ -317,13 +309,10 @@ fn replay(s: &Script, h: &History) -> Result<(), TestCaseError> {
         let (in_memory, rust) = match &amounts {
             Some(amounts) => {
                 clock.set(now);
-                let buckets: Vec<Bucket<'_>> = keys
-                    .iter()
-                    .zip(&params)
-                    .map(|(key, p)| Bucket { key, params: *p })
-                    .collect();
                 (
-                    memory.charge_now(&buckets, amounts).unwrap(),
+                    memory
+                        .charge_now(&buckets(&keys, &params), amounts)
+                        .unwrap(),
                     charge(now, &params, amounts, &mut states),
                 )
             }

@@ -3,8 +3,7 @@
 //! (all-or-nothing with a token bucket and a quota beside them), releases, lease expiry and
 //! reloads that change the limit, in both state formats.
 
-use super::check;
-use super::SetClock;
+use super::{buckets, check, SetClock};
 use crate::support::lua::{Script, T0};
 use proptest::prelude::*;
 use ratelimit_proxy::limiter::memory::MemoryLimiter;
@@ -92,12 +91,7 @@ fn replay(s: &Script, steps: &[Step]) -> Result<(), TestCaseError> {
                     let _: i64 = redis::cmd("PERSIST").arg(key).query(&mut conn).unwrap();
                 }
                 clock.set(now);
-                let buckets: Vec<Bucket<'_>> = keys
-                    .iter()
-                    .zip(&params)
-                    .map(|(key, p)| Bucket { key, params: *p })
-                    .collect();
-                let in_memory = memory.decide(&buckets).unwrap();
+                let in_memory = memory.decide(&buckets(&keys, &params)).unwrap();
                 prop_assert_eq!(&lua, &in_memory, "step {}: {:?}", i, step);
                 if lua.allowed {
                     holding.push(lease);

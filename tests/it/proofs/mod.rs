@@ -31,15 +31,20 @@ mod leases;
 mod one_proxy;
 mod quotas;
 
+use crate::support::redis::RedisServer;
 use proptest::strategy::Strategy;
 use proptest::test_runner::{
     Config, FileFailurePersistence, RngSeed, TestCaseError, TestError, TestRunner,
 };
 use ratelimit_proxy::clock::Clock;
 use ratelimit_proxy::config::Rate;
-use ratelimit_proxy::limiter::{BucketParams, Kind};
+use ratelimit_proxy::limiter::redis::{Format, RedisLimiter, RedisOptions, Security, Standalone};
+use ratelimit_proxy::limiter::{Bucket, BucketParams, Kind};
+use ratelimit_proxy::metrics::Metrics;
 use std::fmt::Debug;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// A limit as the config would compile it: `refill` is parsed by the config's own `Rate`.
 pub fn limit(capacity: u64, refill: &str, cost: u64) -> BucketParams {
@@ -51,6 +56,67 @@ pub fn limit(capacity: u64, refill: &str, cost: u64) -> BucketParams {
         cost,
         kind: Kind::Bucket,
     }
+}
+
+/// A proxy's clock: some base clock, `offset` µs ahead (negative: behind).
+pub struct Offset<C> {
+    base: Arc<C>,
+    pub offset: AtomicI64,
+}
+
+impl<C: Clock> Offset<C> {
+    pub fn new(base: &Arc<C>, offset: i64) -> Arc<Offset<C>> {
+        Arc::new(Offset {
+            base: base.clone(),
+            offset: AtomicI64::new(offset),
+        })
+    }
+}
+
+impl<C: Clock> Clock for Offset<C> {
+    fn now_us(&self) -> u64 {
+        self.base
+            .now_us()
+            .saturating_add_signed(self.offset.load(Ordering::SeqCst))
+    }
+}
+
+/// A proxy's `RedisLimiter` on `redis` (a 10 s budget: these proofs are about answers), with
+/// `clock` (`clock: proxy`) or Redis `TIME` (`None`), writing `format`.
+pub fn redis_limiter(
+    redis: &RedisServer,
+    clock: Option<Box<dyn Clock>>,
+    format: Format,
+) -> RedisLimiter {
+    let metrics = Metrics::new(&prometheus::Registry::new(), true).unwrap();
+    let timeout = Duration::from_secs(10);
+    let topology = Standalone::new(&redis.url(), &Security::default(), timeout).unwrap();
+    let options = RedisOptions {
+        timeout,
+        clock,
+        format,
+        metrics,
+    };
+    RedisLimiter::new(Box::new(topology), options)
+}
+
+/// One request's buckets: `keys[i]` drawn under `params[i]`.
+pub fn buckets<'a, K: AsRef<str>>(keys: &'a [K], params: &[BucketParams]) -> Vec<Bucket<'a>> {
+    keys.iter()
+        .zip(params)
+        .map(|(key, p)| Bucket {
+            key: key.as_ref(),
+            params: *p,
+        })
+        .collect()
+}
+
+/// A runtime for one test thread's calls.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// A clock the test sets to any instant, backwards included (a proxy whose clock is behind).

@@ -3,39 +3,17 @@
 //! formats) and the in-memory store alike; and never more than the amount per period when the
 //! proxies' clocks straddle a boundary.
 
+use super::{redis_limiter, runtime, Offset};
 use crate::support::redis::RedisServer;
 use ratelimit_proxy::calendar::midnight;
 use ratelimit_proxy::clock::{Clock, ManualClock};
 use ratelimit_proxy::limiter::memory::MemoryLimiter;
-use ratelimit_proxy::limiter::redis::{Format, RedisLimiter, RedisOptions, Security, Standalone};
+use ratelimit_proxy::limiter::redis::{Format, RedisLimiter};
 use ratelimit_proxy::limiter::{Bucket, BucketParams, Decision, Limiter, Period};
-use ratelimit_proxy::metrics::Metrics;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 const SECOND: u64 = 1_000_000;
 const DAY: u64 = 86_400 * SECOND;
-
-fn redis_proxy(redis: &RedisServer, clock: Box<dyn Clock>, format: Format) -> RedisLimiter {
-    let metrics = Metrics::new(&prometheus::Registry::new(), true).unwrap();
-    let timeout = Duration::from_secs(10);
-    let topology = Standalone::new(&redis.url(), &Security::default(), timeout).unwrap();
-    let options = RedisOptions {
-        timeout,
-        clock: Some(clock),
-        format,
-        metrics,
-    };
-    RedisLimiter::new(Box::new(topology), options)
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// A store's decision for one bucket.
 type Decide = Box<dyn Fn(&str, BucketParams) -> Decision>;
@@ -78,7 +56,7 @@ fn stores(redis: &RedisServer, start: u64) -> Vec<Store> {
     });
     for format in [Format::Hash, Format::Packed] {
         let clock = Arc::new(ManualClock::new(start));
-        let proxy = Arc::new(redis_proxy(redis, Box::new(clock.clone()), format));
+        let proxy = Arc::new(redis_limiter(redis, Some(Box::new(clock.clone())), format));
         let rt = Arc::new(runtime());
         out.push(Store {
             name: format!("redis {format:?}"),
@@ -167,20 +145,6 @@ fn weekly_quotas_turn_on_monday_and_daily_ones_at_midnight_utc() {
     }
 }
 
-/// A proxy's clock: a base clock, `offset` µs off.
-struct Offset {
-    base: Arc<ManualClock>,
-    offset: AtomicI64,
-}
-
-impl Clock for Offset {
-    fn now_us(&self) -> u64 {
-        self.base
-            .now_us()
-            .saturating_add_signed(self.offset.load(Ordering::SeqCst))
-    }
-}
-
 /// Three proxies 400 ms apart burst through a month boundary, 50 ms per round: the proxy ahead
 /// opens the new month first, and the ones behind then draw on the new month's quota, never on
 /// the old one again. So the old month admits exactly the amount, and so does the new one.
@@ -195,11 +159,11 @@ fn proxies_whose_clocks_straddle_the_boundary_never_admit_more_than_the_amount_p
     let proxies: Vec<RedisLimiter> = [-400_000, 0, 400_000]
         .into_iter()
         .map(|offset| {
-            let clock = Offset {
-                base: base.clone(),
-                offset: AtomicI64::new(offset),
-            };
-            redis_proxy(&redis, Box::new(clock), Format::Packed)
+            redis_limiter(
+                &redis,
+                Some(Box::new(Offset::new(&base, offset))),
+                Format::Packed,
+            )
         })
         .collect();
     let rt = runtime();
