@@ -4,10 +4,11 @@
 
 use crate::gate::Verdict;
 use crate::grpc;
+use crate::head_room;
 use crate::headers::{self, Refusal};
 use crate::plan::RoutePlan;
 use bytes::Bytes;
-use http::{header, HeaderValue};
+use http::{header, HeaderName, HeaderValue};
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 
@@ -96,7 +97,7 @@ async fn refusal_grpc(session: &mut Session, route: &RoutePlan, verdict: Verdict
 async fn refuse(
     session: &mut Session,
     route: &RoutePlan,
-    extra: Vec<(&'static str, HeaderValue)>,
+    extra: Vec<(HeaderName, HeaderValue)>,
     why: &Refusal<'_>,
 ) -> Result<()> {
     let (content_type, body) = headers::refusal_body(&route.deny.format, why);
@@ -109,18 +110,20 @@ pub async fn respond(
     session: &mut Session,
     status: u16,
     content_type: &str,
-    extra: Vec<(&'static str, HeaderValue)>,
+    extra: Vec<(HeaderName, HeaderValue)>,
     body: impl Into<Bytes>,
 ) -> Result<()> {
     let body = body.into();
-    // Without the map that keeps header names as a peer spelled them: these names are ours, and
-    // every insert would otherwise go into two maps.
-    let mut resp = ResponseHeader::build_no_case(status, Some(4 + extra.len()))?;
-    resp.insert_header(header::CONTENT_TYPE, content_type)?;
-    resp.insert_header(header::CONTENT_LENGTH, body.len())?;
-    for (name, value) in extra {
-        resp.insert_header(name, value)?;
-    }
+    let content_type =
+        HeaderValue::from_str(content_type).or_err(InvalidHTTPHeader, "invalid content type")?;
+    let mut resp = ResponseHeader::build_no_case(status, None)?;
+    head_room::response(&mut resp, 2 + extra.len(), |map| {
+        map.insert(header::CONTENT_TYPE, content_type);
+        map.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        for (name, value) in extra {
+            map.insert(name, value);
+        }
+    })?;
     session.write_response_header(Box::new(resp), false).await?;
     session.write_response_body(Some(body), true).await
 }

@@ -52,7 +52,7 @@ pub fn status(code: u8) -> HeaderValue {
 pub fn trailers_only(
     code: u8,
     detail: &str,
-    extra: Vec<(&'static str, HeaderValue)>,
+    extra: Vec<(http::HeaderName, HeaderValue)>,
 ) -> pingora::Result<ResponseHeader> {
     let mut resp = ResponseHeader::build_no_case(200, Some(3 + extra.len()))?;
     resp.insert_header(http::header::CONTENT_TYPE, "application/grpc")?;

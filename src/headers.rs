@@ -10,17 +10,17 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{Allowance, DenyFormat, Route};
 use crate::limiter::Decision;
 use crate::text;
-use http::HeaderValue;
+use http::{HeaderName, HeaderValue};
 
-// Names as static strings, not `HeaderName`s: Pingora turns a `HeaderName` it is given back into
-// bytes (a copy for any name outside its short list) before parsing it again, and takes a static
-// string as it is.
-pub const X_RATELIMIT_LIMIT: &str = "x-ratelimit-limit";
-pub const X_RATELIMIT_REMAINING: &str = "x-ratelimit-remaining";
-pub const X_RATELIMIT_RESET: &str = "x-ratelimit-reset";
-pub const RATELIMIT: &str = "ratelimit";
-pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
-pub const RETRY_AFTER: &str = "retry-after";
+// Names parsed once, at compile time: inserted into a header map directly (`head_room`), they are
+// hashed and never parsed again, where Pingora's `insert_header` parses every name it is given.
+// Statics, not consts: a name holds `Bytes`, and a clone of a static one only copies a pointer.
+pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub static RETRY_AFTER: HeaderName = http::header::RETRY_AFTER;
 
 /// The most headers `RouteHeaders::each` puts.
 pub const MOST: usize = 6;
@@ -98,7 +98,7 @@ impl RouteHeaders {
         &self,
         decision: &Decision,
         limits: &[usize],
-        mut put: impl FnMut(&'static str, HeaderValue),
+        mut put: impl FnMut(HeaderName, HeaderValue),
     ) {
         let Some(j) = decision.binding() else { return };
         let (Some(state), Some(&i)) = (decision.limits.get(j), limits.get(j)) else {
@@ -109,10 +109,16 @@ impl RouteHeaders {
         } else {
             retry_after_secs(decision)
         };
-        put(X_RATELIMIT_LIMIT, HeaderValue::from(self.capacities[i]));
-        put(X_RATELIMIT_REMAINING, HeaderValue::from(state.remaining));
         put(
-            X_RATELIMIT_RESET,
+            X_RATELIMIT_LIMIT.clone(),
+            HeaderValue::from(self.capacities[i]),
+        );
+        put(
+            X_RATELIMIT_REMAINING.clone(),
+            HeaderValue::from(state.remaining),
+        );
+        put(
+            X_RATELIMIT_RESET.clone(),
             HeaderValue::from(secs_ceil(state.reset_us)),
         );
         let policy = match &self.monthly {
@@ -123,13 +129,13 @@ impl RouteHeaders {
             None => self.policy.as_ref(),
         };
         if let Some(p) = policy {
-            put(RATELIMIT_POLICY, p.clone());
+            put(RATELIMIT_POLICY.clone(), p.clone());
         }
         if let Ok(v) = HeaderValue::from_maybe_shared(self.ratelimit(i, state.remaining, t)) {
-            put(RATELIMIT, v);
+            put(RATELIMIT.clone(), v);
         }
         if !decision.allowed {
-            put(RETRY_AFTER, HeaderValue::from(t));
+            put(RETRY_AFTER.clone(), HeaderValue::from(t));
         }
     }
 }
@@ -156,7 +162,7 @@ impl RouteHeaders {
         limits: &[usize],
         status: u16,
         route: &'a str,
-    ) -> (Vec<(&'static str, HeaderValue)>, Refusal<'a>) {
+    ) -> (Vec<(HeaderName, HeaderValue)>, Refusal<'a>) {
         let mut extra = Vec::with_capacity(6);
         self.each(decision, limits, |name, value| extra.push((name, value)));
         let violated = decision

@@ -16,7 +16,7 @@ use crate::reload::LivePlan;
 use crate::usage::{self, Reported};
 use async_trait::async_trait;
 use bytes::Bytes;
-use http::{header, HeaderValue};
+use http::{header, HeaderName, HeaderValue};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::FailToProxy;
@@ -120,7 +120,7 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             .map(|a| a.ip());
         let forwarded = req
             .headers
-            .get_all("x-forwarded-for")
+            .get_all(&X_FORWARDED_FOR)
             .iter()
             .map(|v| v.as_bytes());
         let asking = Asking {
@@ -171,8 +171,51 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        // X-Forwarded-For, -Proto, -Host.
-        head_room::request(upstream_request, 3)?;
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip().to_canonical());
+        let trusted = match (peer, &ctx.plan) {
+            (Some(ip), Some(plan)) => plan.client.is_trusted(ip),
+            _ => false,
+        };
+        let sent = &upstream_request.headers;
+        let forwarded = peer.map(|ip| {
+            let prior = sent.get(&X_FORWARDED_FOR).map(HeaderValue::as_bytes);
+            forwarded_for(prior, ip)
+        });
+        let proto = (!trusted || !sent.contains_key(&X_FORWARDED_PROTO)).then(|| {
+            let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
+            HeaderValue::from_static(if tls { "https" } else { "http" })
+        });
+        // The host the upstream is told (`Host` as rewritten, or the target's authority).
+        let forwarded_host =
+            (!trusted || !sent.contains_key(&X_FORWARDED_HOST)).then(|| match &ctx.rewrite.host {
+                Some(host) => HeaderValue::from_str(host).ok(),
+                None => sent.get(header::HOST).cloned().or_else(|| {
+                    upstream_request
+                        .uri
+                        .host()
+                        .and_then(|h| HeaderValue::from_str(h).ok())
+                }),
+            });
+        head_room::request(upstream_request, 3, |headers| {
+            if let Some(v) = forwarded {
+                headers.insert(X_FORWARDED_FOR.clone(), v);
+            }
+            if let Some(v) = proto {
+                headers.insert(X_FORWARDED_PROTO.clone(), v);
+            }
+            match forwarded_host {
+                Some(Some(v)) => {
+                    headers.insert(X_FORWARDED_HOST.clone(), v);
+                }
+                Some(None) => {
+                    headers.remove(&X_FORWARDED_HOST);
+                }
+                None => {}
+            }
+        })?;
         if let Some(target) = &ctx.rewrite.target {
             upstream_request.set_raw_path(target)?;
         }
@@ -183,42 +226,6 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         if ctx.held.owes(|s| matches!(s, UsageSource::Json(_))) {
             // A compressed or partial body hides the usage it reports: the client may not choose.
             usage::plain_body(upstream_request)?;
-        }
-        let peer = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map(|a| a.ip().to_canonical());
-        let trusted = match (peer, &ctx.plan) {
-            (Some(ip), Some(plan)) => plan.client.is_trusted(ip),
-            _ => false,
-        };
-        if let Some(ip) = peer {
-            let prior = upstream_request.headers.get("x-forwarded-for");
-            let forwarded = forwarded_for(prior.map(HeaderValue::as_bytes), ip);
-            upstream_request.insert_header("x-forwarded-for", forwarded)?;
-        }
-        if !trusted || upstream_request.headers.get("x-forwarded-proto").is_none() {
-            let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
-            let proto = if tls { "https" } else { "http" };
-            upstream_request.insert_header("x-forwarded-proto", proto)?;
-        }
-        if !trusted || upstream_request.headers.get("x-forwarded-host").is_none() {
-            let host = upstream_request
-                .headers
-                .get(header::HOST)
-                .cloned()
-                .or_else(|| {
-                    upstream_request
-                        .uri
-                        .host()
-                        .and_then(|h| HeaderValue::from_str(h).ok())
-                });
-            match host {
-                Some(h) => upstream_request.insert_header("x-forwarded-host", h)?,
-                None => {
-                    upstream_request.remove_header("x-forwarded-host");
-                }
-            }
         }
         Ok(())
     }
@@ -327,11 +334,11 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         }
         ctx.reported.head(&ctx.held, upstream_response);
         if let (Some((decision, limits)), Some(route)) = (&ctx.decision, route_of(ctx)) {
-            head_room::response(upstream_response, headers::MOST)?;
-            route.headers.each(decision, limits, |name, value| {
-                // Only fails for an invalid header name, and ours are constants.
-                let _ = upstream_response.insert_header(name, value);
-            });
+            head_room::response(upstream_response, headers::MOST, |map| {
+                route.headers.each(decision, limits, |name, value| {
+                    map.insert(name, value);
+                });
+            })?;
         }
         Ok(())
     }
@@ -434,6 +441,11 @@ fn host_from_authority(req: &mut RequestHeader) -> Result<()> {
         _ => Ok(()),
     }
 }
+
+// Parsed once (see `headers`).
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// `X-Forwarded-For` with `ip` appended to what it held.
 fn forwarded_for(prior: Option<&[u8]>, ip: IpAddr) -> HeaderValue {
