@@ -166,6 +166,10 @@ impl Batches {
 /// Sends what has queued as one call, waits for its reply, answers each request; again.
 async fn drive(caller: Arc<Caller>, mut queue: mpsc::UnboundedReceiver<Job>) {
     let mut jobs: Vec<Job> = Vec::with_capacity(MAX_BATCH);
+    // One timer for every call. Moving its deadline later (as a busy thread's calls do) only
+    // updates it in place; a timer per call would enter and leave the runtime's timer wheel.
+    let expiry = tokio::time::sleep_until(tokio::time::Instant::now());
+    tokio::pin!(expiry);
     while queue.recv_many(&mut jobs, MAX_BATCH).await > 0 {
         // Out of time while they queued (or gone): answered now, they take nothing.
         let now = Instant::now();
@@ -178,10 +182,11 @@ async fn drive(caller: Arc<Caller>, mut queue: mpsc::UnboundedReceiver<Job>) {
         let Some(deadline) = jobs.iter().map(|j| j.deadline).min() else {
             continue;
         };
-        let call = tokio::time::timeout_at(deadline.into(), caller.call(&jobs));
-        let result = match call.await {
-            Err(_) => Err(LimiterError::Timeout(caller.timeout)),
-            Ok(result) => result,
+        expiry.as_mut().reset(deadline.into());
+        let result = tokio::select! {
+            biased;
+            result = caller.call(&jobs) => result,
+            () = &mut expiry => Err(LimiterError::Timeout(caller.timeout)),
         };
         match result {
             Ok(reply) => {

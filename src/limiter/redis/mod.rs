@@ -296,13 +296,13 @@ impl RedisLimiter {
 
     /// The decision, within the budget: batched calls keep each request's deadline themselves
     /// (no timer per request); a call of its own runs under a timeout.
-    async fn eval(&self, buckets: &[Bucket<'_>]) -> Result<Decision, LimiterError> {
+    async fn eval(
+        &self,
+        buckets: &[Bucket<'_>],
+        started: Instant,
+    ) -> Result<Decision, LimiterError> {
         let answer = match &self.batches {
-            Some(batches) => {
-                batches
-                    .decide(buckets, Instant::now() + self.timeout)
-                    .await?
-            }
+            Some(batches) => batches.decide(buckets, started + self.timeout).await?,
             None => match tokio::time::timeout(self.timeout, batch::alone(&self.caller, buckets))
                 .await
             {
@@ -344,13 +344,13 @@ impl RedisLimiter {
 
 impl Limiter for RedisLimiter {
     async fn check(&self, buckets: &[Bucket<'_>]) -> Result<Decision, LimiterError> {
-        let (admission, transition) = self.breaker.admit(Instant::now());
+        let started = Instant::now();
+        let (admission, transition) = self.breaker.admit(started);
         self.note(transition);
         if admission == Admission::Reject {
             return Err(LimiterError::Unavailable);
         }
-        let started = Instant::now();
-        let result = match self.eval(buckets).await {
+        let result = match self.eval(buckets, started).await {
             // Ours or the client's own (set to the same budget): the budget ran out either way.
             Err(LimiterError::Timeout(_)) => Err(LimiterError::Timeout(self.timeout)),
             result => result,
