@@ -522,7 +522,7 @@ fn batched_calls_and_the_previous_script_decide_as_the_in_memory_store_on_long_h
 }
 
 /// The response headers a route with these limits (named after their keys) gives for `d`.
-fn headers(picked: &[(usize, &LimitSpec)], d: &Decision) -> Vec<(&'static str, String)> {
+fn headers(picked: &[(usize, &LimitSpec)], d: &Decision) -> Vec<(String, String)> {
     let mut yaml = String::from(
         "listen: \"127.0.0.1:1\"\nroutes:\n  - name: r\n    upstream: \"h:1\"\n    limits:\n",
     );
@@ -535,7 +535,7 @@ fn headers(picked: &[(usize, &LimitSpec)], d: &Decision) -> Vec<(&'static str, S
     let limits: Vec<usize> = (0..picked.len()).collect();
     let mut out = Vec::new();
     RouteHeaders::new(route).each(d, &limits, |name, value| {
-        out.push((name, value.to_str().unwrap().to_string()))
+        out.push((name.to_string(), value.to_str().unwrap().to_string()))
     });
     out
 }
