@@ -109,33 +109,18 @@ impl RouteHeaders {
         } else {
             retry_after_secs(decision)
         };
-        // Every number, and the `RateLimit` field, rendered into one buffer that the values
-        // share: two allocations for the lot, where each value took one or two.
-        let name = &self.names[i];
-        let mut text = Vec::with_capacity(5 * 20 + name.len() + 8);
-        let limit = number(&mut text, self.capacities[i]);
-        let remaining = number(&mut text, state.remaining);
-        let reset = number(&mut text, secs_ceil(state.reset_us));
-        let field = text.len();
-        text.push(b'"');
-        text.extend_from_slice(name.as_bytes());
-        text.extend_from_slice(b"\";r=");
-        text::decimal(&mut text, state.remaining);
-        text.extend_from_slice(b";t=");
-        text::decimal(&mut text, t);
-        let field = field..text.len();
-        let retry = (!decision.allowed).then(|| number(&mut text, t));
-        let text = bytes::Bytes::from(text);
-        // Digits, and a limit name, which the config holds to [A-Za-z0-9_-]: always valid.
-        let value = |at| HeaderValue::from_maybe_shared(text.slice(at)).ok();
-        let mut put = |name: &HeaderName, v: Option<HeaderValue>| {
-            if let Some(v) = v {
-                put(name.clone(), v);
-            }
-        };
-        put(&X_RATELIMIT_LIMIT, value(limit));
-        put(&X_RATELIMIT_REMAINING, value(remaining));
-        put(&X_RATELIMIT_RESET, value(reset));
+        put(
+            X_RATELIMIT_LIMIT.clone(),
+            HeaderValue::from(self.capacities[i]),
+        );
+        put(
+            X_RATELIMIT_REMAINING.clone(),
+            HeaderValue::from(state.remaining),
+        );
+        put(
+            X_RATELIMIT_RESET.clone(),
+            HeaderValue::from(secs_ceil(state.reset_us)),
+        );
         let policy = match &self.monthly {
             Some(by_length) => {
                 let days = Period::Month.length_secs(SystemClock.now_us()) / 86_400;
@@ -143,22 +128,33 @@ impl RouteHeaders {
             }
             None => self.policy.as_ref(),
         };
-        put(&RATELIMIT_POLICY, policy.cloned());
-        put(&RATELIMIT, value(field));
-        if let Some(retry) = retry {
-            put(&RETRY_AFTER, value(retry));
+        if let Some(p) = policy {
+            put(RATELIMIT_POLICY.clone(), p.clone());
+        }
+        if let Ok(v) = HeaderValue::from_maybe_shared(self.ratelimit(i, state.remaining, t)) {
+            put(RATELIMIT.clone(), v);
+        }
+        if !decision.allowed {
+            put(RETRY_AFTER.clone(), HeaderValue::from(t));
         }
     }
 }
 
-/// Appends `n` in decimal to `text`, and says where it is.
-fn number(text: &mut Vec<u8>, n: u64) -> std::ops::Range<usize> {
-    let from = text.len();
-    text::decimal(text, n);
-    from..text.len()
-}
-
 impl RouteHeaders {
+    /// `"name";r=remaining;t=seconds`, written without `format!` (this is on every allowed
+    /// response).
+    fn ratelimit(&self, i: usize, remaining: u64, t: u64) -> bytes::Bytes {
+        let name = &self.names[i];
+        let mut v = Vec::with_capacity(name.len() + 50);
+        v.push(b'"');
+        v.extend_from_slice(name.as_bytes());
+        v.extend_from_slice(b"\";r=");
+        text::decimal(&mut v, remaining);
+        v.extend_from_slice(b";t=");
+        text::decimal(&mut v, t);
+        v.into()
+    }
+
     /// A rejection's headers, and its body's reasons: the limits that refused it.
     pub fn rejection<'a>(
         &'a self,
