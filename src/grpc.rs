@@ -4,7 +4,7 @@
 //! do not retry blindly, and the rate-limit fields as metadata.
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use pingora::http::ResponseHeader;
 
 /// `grpc-status` of a request a limit refused.
@@ -52,17 +52,26 @@ pub fn status(code: u8) -> HeaderValue {
 pub fn trailers_only(
     code: u8,
     detail: &str,
-    extra: Vec<(http::HeaderName, HeaderValue)>,
+    extra: Vec<(HeaderName, HeaderValue)>,
 ) -> pingora::Result<ResponseHeader> {
-    let mut resp = ResponseHeader::build_no_case(200, Some(3 + extra.len()))?;
-    resp.insert_header(http::header::CONTENT_TYPE, "application/grpc")?;
-    resp.insert_header("grpc-status", status(code))?;
-    resp.insert_header("grpc-message", message(detail))?;
-    for (name, value) in extra {
-        resp.insert_header(name, value)?;
-    }
+    let mut resp = ResponseHeader::build_no_case(200, None)?;
+    // Straight into the map: Pingora's `insert_header` would copy and parse each name again.
+    crate::head_room::response(&mut resp, 3 + extra.len(), |map| {
+        map.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        map.insert(GRPC_STATUS.clone(), status(code));
+        map.insert(GRPC_MESSAGE.clone(), message(detail));
+        for (name, value) in extra {
+            map.insert(name, value);
+        }
+    })?;
     Ok(resp)
 }
+
+static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 
 #[cfg(test)]
 mod tests {
