@@ -80,7 +80,6 @@ fn reload_scenario(backend: Backend) {
         (reloads(&s, "failure") == 1).then_some(())
     });
     assert_eq!(s.proxy.metric("ratelimit_config_last_reload_success"), 0.0);
-    let stderr = s.proxy.stderr();
     let line = broken
         .lines()
         .position(|l| l.contains("capacity: 0"))
@@ -90,7 +89,10 @@ fn reload_scenario(backend: Backend) {
         "{}:{line}: route \"api\": routes[0].limits[0].capacity: must be an integer >= 1, got 0",
         s.proxy.config_path().display()
     );
-    assert!(stderr.contains(&message), "{message}\nnot in\n{stderr}");
+    // The metric is counted just before the line is logged.
+    wait_for("the refusal's message", Duration::from_secs(10), || {
+        s.proxy.stderr().contains(&message).then_some(())
+    });
     let r = s.proxy.get("/api/a", &[]);
     assert_eq!(
         r.header("x-ratelimit-limit"),
