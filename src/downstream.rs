@@ -73,6 +73,18 @@ impl<A> Connections<A> {
         }
     }
 
+    /// The same clients served by another worker's `app`: one budget of open connections for
+    /// all.
+    pub fn sharing<B>(&self, app: B) -> Connections<B> {
+        Connections {
+            app: Arc::new(app),
+            limits: self.limits,
+            h2c: self.h2c.clone(),
+            open: self.open.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+
     /// How many client connections are open now.
     pub fn open_count(&self) -> crate::drain::OpenCount {
         let open = self.open.clone();

@@ -26,12 +26,13 @@ use std::sync::Arc;
 
 pub struct RateLimitProxy<L> {
     plan: LivePlan,
-    gate: Gate<L, SystemClock>,
+    /// One for every worker's service: the fallback store and lease names are the process's.
+    gate: Arc<Gate<L, SystemClock>>,
     metrics: Metrics,
 }
 
 impl<L> RateLimitProxy<L> {
-    pub fn new(plan: LivePlan, gate: Gate<L, SystemClock>, metrics: Metrics) -> Self {
+    pub fn new(plan: LivePlan, gate: Arc<Gate<L, SystemClock>>, metrics: Metrics) -> Self {
         RateLimitProxy {
             plan,
             gate,

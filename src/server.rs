@@ -3,9 +3,9 @@
 //! handled.
 
 use crate::admin::{Admin, AdminParts};
-use crate::bind::{bind, BindError, Bound, PreBound};
+use crate::bind::{bind, BindError, Bound, Fresh, PreBound};
 use crate::clock::{Clock, SystemClock};
-use crate::config::{ClockSource, Config, RedisSettings, RedisTarget, StateFormat};
+use crate::config::{ClockSource, Config, Listener, RedisSettings, RedisTarget, StateFormat};
 use crate::deny_cache::DenyCache;
 use crate::downstream::Connections;
 use crate::drain::Drain;
@@ -23,6 +23,7 @@ use crate::reload::{LivePlan, Reloader, Watcher};
 use crate::tls::Resolvers;
 use arc_swap::ArcSwap;
 use pingora::listeners::tls::TlsSettings;
+use pingora::proxy::HttpProxy;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::{RunArgs, Server};
 use pingora::services::background::background_service;
@@ -71,16 +72,19 @@ const DENY_CACHE_ENTRIES: usize = 100_000;
 pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), StartError> {
     // Every socket first: a taken port stops the start here, before anything else runs or is
     // logged. An upgrade takes the running instance's sockets instead.
+    let workers = workers();
     let sockets = if options.upgrade {
         Sockets::default()
     } else {
+        let mut proxy = Vec::new();
+        for listener in &config.listen {
+            // TLS listeners are served by one service for all threads (see `serve`).
+            let sockets = if listener.tls.is_some() { 1 } else { workers };
+            proxy.extend(bind(listener.addr, "proxy", sockets)?);
+        }
         Sockets {
-            proxy: config
-                .listen
-                .iter()
-                .map(|l| bind(l.addr, "proxy"))
-                .collect::<Result<_, _>>()?,
-            admin: vec![bind(config.admin, "admin")?],
+            proxy,
+            admin: bind(config.admin, "admin", 1)?,
         }
     };
     let registry = prometheus::default_registry().clone();
@@ -114,6 +118,7 @@ pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), Start
         metrics: metrics.clone(),
         options,
         sockets,
+        workers,
     };
     match &config.redis {
         Some(redis) => {
@@ -183,6 +188,8 @@ struct Parts {
     sockets: Sockets,
     /// The admin API's token, read from `admin.token_env` at start.
     admin_token: Option<String>,
+    /// Worker threads: a cleartext proxy service each (see `serve`).
+    workers: usize,
 }
 
 /// Listening sockets bound before the server starts (none in an upgrade).
@@ -190,6 +197,11 @@ struct Parts {
 struct Sockets {
     proxy: Vec<Bound>,
     admin: Vec<Bound>,
+}
+
+/// Worker threads, one per CPU.
+fn workers() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
 /// A listener Pingora could not build panics inside its service's thread while the rest of the
@@ -212,13 +224,57 @@ fn exit_on_listener_panic() {
     }));
 }
 
+/// One worker's proxy, with its own upstream pool.
+fn worker_app<L: Limiter>(
+    conf: &Arc<ServerConf>,
+    config: &Config,
+    proxy: RateLimitProxy<L>,
+) -> HttpProxy<RateLimitProxy<L>> {
+    let mut proxy = pingora::proxy::http_proxy(conf, proxy);
+    // HTTP/2 connections (ALPN h2 or h2c) are Pingora's: bound their streams, and close them when
+    // idle as an HTTP/1.1 keep-alive is (its HTTP/2 server has no idle timeout of its own).
+    let mut h2 = pingora::protocols::http::v2::server::default_h2_options();
+    h2.max_concurrent_streams(config.downstream.max_concurrent_streams);
+    proxy.h2_options = Some(h2);
+    let mut options = pingora::apps::HttpServerOptions::default();
+    options.h2_idle_timeout = Some(config.downstream.idle_timeout);
+    proxy.server_options = Some(options);
+    proxy
+}
+
+/// `listener`'s address on `service`: cleartext, or TLS with the certificates its resolver serves.
+fn add_listener<A>(
+    service: &mut Service<A>,
+    listener: &Listener,
+    resolvers: &Resolvers,
+) -> Result<(), StartError> {
+    let addr = listener.addr.to_string();
+    match &listener.tls {
+        None => service.add_tcp(&addr),
+        Some(tls) => {
+            // ALPN h2 (unless `http2: false`) is handed to Pingora's HTTP/2 server by
+            // `downstream`. The pair was read and matched when the config was loaded; the
+            // resolver serves it until a reload puts another in its place.
+            let mut settings =
+                TlsSettings::intermediate("", "").map_err(|e| StartError::Tls(e.to_string()))?;
+            if tls.http2 {
+                settings.enable_h2();
+            }
+            let resolver = resolvers.get(listener.addr);
+            settings.set_cert_resolver(resolver.expect("a resolver per TLS listener"));
+            service.add_tls_with_settings(&addr, None, settings);
+        }
+    }
+    Ok(())
+}
+
 fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(), StartError> {
     exit_on_listener_panic();
     if let Some(warning) = crate::downstream::make_room_for(config.downstream.max_connections) {
         log::warn!("{warning}");
     }
     let conf = ServerConf {
-        threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        threads: parts.workers,
         // A runtime per thread: a request's tasks, and the Redis connection it made on its
         // thread (`limiter::redis::standalone`), stay on that thread, so a decision's round trip
         // wakes no other thread.
@@ -242,20 +298,22 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
         .as_ref()
         .map(|redis| Arc::new(DenyCache::new(DENY_CACHE_ENTRIES, redis.timeout)));
     let fallback = MemoryLimiter::new(SystemClock, config.memory.max_keys);
-    let gate = Gate::new(limiter.clone(), deny_cache.clone(), fallback, SystemClock);
-    let mut proxy = pingora::proxy::http_proxy(
-        &server.configuration,
-        RateLimitProxy::new(parts.plan.clone(), gate, parts.metrics.clone()),
-    );
-    // HTTP/2 connections (ALPN h2 or h2c) are Pingora's: bound their streams, and close them when idle
-    // as an HTTP/1.1 keep-alive is (its HTTP/2 server has no idle timeout of its own).
-    let mut h2 = pingora::protocols::http::v2::server::default_h2_options();
-    h2.max_concurrent_streams(config.downstream.max_concurrent_streams);
-    proxy.h2_options = Some(h2);
-    let mut options = pingora::apps::HttpServerOptions::default();
-    options.h2_idle_timeout = Some(config.downstream.idle_timeout);
-    proxy.server_options = Some(options);
-    let connections = Connections::new(proxy, config.downstream, parts.metrics.clone()).with_h2c(
+    let gate = Arc::new(Gate::new(
+        limiter.clone(),
+        deny_cache.clone(),
+        fallback,
+        SystemClock,
+    ));
+    // One single-threaded service per worker thread, each on its own `SO_REUSEPORT` socket
+    // (`bind`) with its own upstream pool: a connection, the upstream connection it borrows and
+    // that connection's idle watch stay on one thread. With one service of N threads, Pingora
+    // parks each idle upstream connection's watch on a random thread, and reusing it wakes that
+    // thread. The services share everything else: plan, store, fallback, connection budget.
+    //
+    // TLS listeners stay in one service of N threads: Pingora gives each service its own TLS
+    // acceptor and session cache, and a client that resumes its session must find it whichever
+    // thread's socket the kernel hands its next connection to.
+    let clients = Connections::new((), config.downstream, parts.metrics.clone()).with_h2c(
         config
             .listen
             .iter()
@@ -263,27 +321,30 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
             .map(|l| l.addr)
             .collect(),
     );
-    let drain = Drain::new(connections.open_count());
-    let mut proxy = Service::new("ratelimit-proxy".to_string(), connections);
-    for listener in &config.listen {
-        let addr = listener.addr.to_string();
-        match &listener.tls {
-            None => proxy.add_tcp(&addr),
-            Some(tls) => {
-                // ALPN h2 (unless `http2: false`) is handed to Pingora's HTTP/2 server by
-                // `downstream`. The pair was read and matched when the config was loaded; the
-                // resolver serves it until a reload puts another in its place.
-                let mut settings = TlsSettings::intermediate("", "")
-                    .map_err(|e| StartError::Tls(e.to_string()))?;
-                if tls.http2 {
-                    settings.enable_h2();
-                }
-                let resolver = parts.resolvers.get(listener.addr);
-                settings.set_cert_resolver(resolver.expect("a resolver per TLS listener"));
-                proxy.add_tls_with_settings(&addr, None, settings);
+    let fresh: Fresh = Arc::new(std::sync::Mutex::new(parts.sockets.proxy));
+    let (tls, cleartext): (Vec<&Listener>, Vec<&Listener>) =
+        config.listen.iter().partition(|l| l.tls.is_some());
+    let services = [(cleartext, parts.workers, 1), (tls, 1, parts.workers)];
+    for (listeners, count, threads) in services {
+        if listeners.is_empty() {
+            continue;
+        }
+        let addrs: Vec<String> = listeners.iter().map(|l| l.addr.to_string()).collect();
+        for worker in 0..count {
+            let app = worker_app(
+                &server.configuration,
+                config,
+                RateLimitProxy::new(parts.plan.clone(), gate.clone(), parts.metrics.clone()),
+            );
+            let mut proxy = Service::new("ratelimit-proxy".to_string(), clients.sharing(app));
+            proxy.threads = Some(threads);
+            for listener in &listeners {
+                add_listener(&mut proxy, listener, &parts.resolvers)?;
             }
+            server.add_service(PreBound::new(proxy, worker, addrs.clone(), fresh.clone()));
         }
     }
+    let drain = Drain::new(clients.open_count());
     let mut admin = Service::new(
         "admin".to_string(),
         Connections::admin(
@@ -333,8 +394,12 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
         config.admin,
         config.routes.len()
     );
-    server.add_service(PreBound::new(proxy, parts.sockets.proxy));
-    server.add_service(PreBound::new(admin, parts.sockets.admin));
+    server.add_service(PreBound::new(
+        admin,
+        0,
+        vec![config.admin.to_string()],
+        Arc::new(std::sync::Mutex::new(parts.sockets.admin)),
+    ));
     server.add_service(watcher);
     server.add_service(health);
     server.run(RunArgs {

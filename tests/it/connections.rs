@@ -10,7 +10,7 @@
 use crate::scenarios::{Backend, Setup};
 use crate::support::proxy::{Proxy, BIN};
 use crate::support::upstream::Upstream;
-use crate::support::wait_for;
+use crate::support::{listening_sockets, wait_for};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
@@ -323,6 +323,29 @@ fn a_taken_port_stops_the_start_with_one_line() {
             "{what}"
         );
     }
+}
+
+/// Each worker thread accepts on its own socket (`SO_REUSEPORT`), and those sockets do not let a
+/// second instance in beside the first: it stops as it would on any taken port.
+#[test]
+fn a_running_instance_has_a_socket_per_worker_and_no_second_one_joins_it() {
+    let s = Setup::start(Backend::Memory, ROUTE);
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    assert_eq!(listening_sockets(s.proxy.addr.port()), workers);
+    let (out, took) = start_on(s.proxy.addr, free_addr());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(took < SOON, "took {took:?}");
+    assert_eq!(
+        stderr.lines().collect::<Vec<_>>(),
+        [format!(
+            "error: cannot start: cannot listen on {} (proxy): Address already in use (os error 98)",
+            s.proxy.addr
+        )]
+    );
+    assert_eq!(listening_sockets(s.proxy.addr.port()), workers);
+    let answer = crate::support::http::get(s.proxy.addr, "/", &[]);
+    assert_eq!(answer.status, 200);
 }
 
 #[test]

@@ -231,6 +231,9 @@ fn zero_downtime_upgrade_fails_no_request() {
         "{unread} connections closed unread: more than the hand-over instant explains"
     );
     assert_eq!(next.admin_get("/healthz").status, 200);
+    // Every worker's socket was handed over and taken: none is left without an acceptor.
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    assert_eq!(crate::support::listening_sockets(next.addr.port()), workers);
     assert!(
         next.decisions("api", "allowed") > 20,
         "the new instance decides with Redis"

@@ -21,6 +21,22 @@ pub fn free_port() -> u16 {
         .expect("bind an ephemeral port")
 }
 
+/// Listening TCP sockets on loopback `port` (IPv4), whichever process holds them: the proxy has one
+/// per worker thread.
+pub fn listening_sockets(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    let local = format!("0100007F:{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let mut fields = line.split_whitespace().skip(1);
+            // local address, remote address, state (0A: LISTEN)
+            fields.next() == Some(local.as_str()) && fields.nth(1) == Some("0A")
+        })
+        .count()
+}
+
 /// Polls `f` until it returns `Some`, at most until `limit`; the poll is the test's clock.
 pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + limit;
