@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Throughput and latency of ratelimit-proxy side by side with nginx, on one machine, on loopback.
 #
-# Usage (from the repo root; about 18 minutes with the defaults, plus one release build):
+# Usage (from the repo root; about 20 minutes with the defaults, plus one release build):
 #
 #     bench/compare.sh
 #
@@ -42,6 +42,8 @@
 #   upstream            wrk straight at the upstream: the ceiling
 #   nginx proxy_pass    nginx (as many workers as CPUs, like the proxy's threads), upstream keepalive
 #   bare Pingora        examples/bare_pingora.rs: Pingora forwarding and nothing else, same profile
+#   bare Pingora, per thread  the same as one single-threaded service per CPU, each on its own
+#                       SO_REUSEPORT socket (PER_THREAD=1): how the proxy runs its cleartext listeners
 #   nginx limit_req     the same plus limit_req keyed by X-Api-Key, a rate never reached
 #   nginx limit_req hot the same, one hot key at 100 r/s: nearly every request rejected (429)
 #   nginx+Lua EVALSHA   access_by_lua: EVALSHA of lua/token_bucket.lua per request, pooled
@@ -412,6 +414,8 @@ PROXY_PAUSED=$REPLY PAUSED_ADMIN=$ADMIN
 # Pingora and nothing else (examples/bare_pingora.rs): the floor the proxy's forwarding stands on.
 free_port; BARE=127.0.0.1:$REPLY
 start bare-pingora "$work/bare_pingora" "$BARE" "$UPSTREAM"
+free_port; BARE_PER_THREAD=127.0.0.1:$REPLY
+PER_THREAD=1 start bare-pingora-per-thread "$work/bare_pingora" "$BARE_PER_THREAD" "$UPSTREAM"
 
 # The processes whose CPU a contender's row reports.
 pids_of() { # pids_of NAME: the nginx's master and workers, or the proxy
@@ -431,6 +435,7 @@ contenders=(
     "nginx+Lua EVALSHA, hot key|http://$NGINX/luahot/|$HOT_KEYS|1|contender"
     "nginx+Lua EVALSHA, Redis paused|http://$NGINX/luapaused/|$MANY_KEYS|0|contender"
     "bare Pingora|http://$BARE/|$MANY_KEYS|0|bare-pingora"
+    "bare Pingora, per thread|http://$BARE_PER_THREAD/|$MANY_KEYS|0|bare-pingora-per-thread"
     "proxy, no limits|http://$PROXY/free/|$MANY_KEYS|0|proxy-redis"
     "proxy, Redis|http://$PROXY/|$MANY_KEYS|1|proxy-redis"
     "proxy, Redis, hot key|http://$PROXY/hot/|$HOT_KEYS|1|proxy-redis"
@@ -690,6 +695,9 @@ targets=$(awk -F'\t' -v added_p50="$(added 3 3)" -v added_p99="$(added 5 3)" -v 
         hot = median(rps["proxy, Redis, hot key"]); lr = median(rps["nginx limit_req, hot key"])
         bare = median(rps["bare Pingora"]); free = median(rps["proxy, no limits"])
         if (bare && free) printf "| 1. no limits vs bare Pingora | ≥ 0.97× | %.2f× (CPU µs/req %.1f against %.1f) | %s |\n", free / bare, cpu("proxy, no limits"), cpu("bare Pingora"), verdict(free / bare >= 0.97)
+        # The same floor built as the proxy now runs: the glue alone, with the threading equal.
+        per = median(rps["bare Pingora, per thread"])
+        if (per && free) printf "| 1. no limits vs bare Pingora, per thread | (reported) | %.2f× (CPU µs/req %.1f against %.1f) | – |\n", free / per, cpu("proxy, no limits"), cpu("bare Pingora, per thread")
         if (req["proxy, Redis"] && req["proxy, no limits"]) {
             d = cpu("proxy, Redis") - cpu("proxy, no limits")
             printf "| 2. the check'"'"'s proxy CPU per decision (Redis − no limits) | ≤ 5 µs | %.1f µs (%.1f − %.1f) | %s |\n", d, cpu("proxy, Redis"), cpu("proxy, no limits"), verdict(d <= 5)

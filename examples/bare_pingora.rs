@@ -6,6 +6,10 @@
 //!
 //! With a third argument `refuse`, every request is answered 429 from `request_filter` instead,
 //! with a short body and nothing else: the floor under the proxy's refusals (the hot key's path).
+//!
+//! With `PER_THREAD=1` in the environment it runs as the proxy does: one single-threaded service
+//! per CPU, each with its own `SO_REUSEPORT` socket and upstream pool, instead of one service whose
+//! threads share them.
 
 use async_trait::async_trait;
 use pingora::prelude::*;
@@ -43,6 +47,30 @@ impl ProxyHttp for Bare {
     }
 }
 
+/// A service that binds its own sockets instead of sharing the server's table, where a second
+/// service on the same address would find the first one's socket.
+struct OwnSocket<S>(S);
+
+#[async_trait]
+impl<S: pingora::services::Service> pingora::services::Service for OwnSocket<S> {
+    async fn start_service(
+        &mut self,
+        _: Option<pingora::server::ListenFds>,
+        shutdown: pingora::server::ShutdownWatch,
+        listeners_per_fd: usize,
+    ) {
+        self.0.start_service(None, shutdown, listeners_per_fd).await
+    }
+
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn threads(&self) -> Option<usize> {
+        self.0.threads()
+    }
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let listen = args.next().unwrap_or_else(|| "127.0.0.1:8080".into());
@@ -62,9 +90,21 @@ fn main() {
         conf,
     );
     server.bootstrap();
-    let mut proxy =
-        pingora::proxy::http_proxy_service(&server.configuration, Bare { upstream, refuse });
-    proxy.add_tcp(&listen);
-    server.add_service(proxy);
+    let conf = server.configuration.clone();
+    let service = || pingora::proxy::http_proxy_service(&conf, Bare { upstream, refuse });
+    if std::env::var_os("PER_THREAD").is_some_and(|v| v == "1") {
+        for _ in 0..conf.threads {
+            let mut proxy = service();
+            let mut options = pingora::listeners::TcpSocketOptions::default();
+            options.so_reuseport = Some(true);
+            proxy.add_tcp_with_settings(&listen, options);
+            proxy.threads = Some(1);
+            server.add_service(OwnSocket(proxy));
+        }
+    } else {
+        let mut proxy = service();
+        proxy.add_tcp(&listen);
+        server.add_service(proxy);
+    }
     server.run_forever()
 }
