@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use pingora::server::{Fds, ListenFds, ShutdownWatch};
 use pingora::services::Service;
 use socket2::{Domain, Socket, Type};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::os::fd::{IntoRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex as StdMutex};
 
@@ -48,73 +48,101 @@ fn key(addr: &str, worker: usize) -> String {
     }
 }
 
-/// Binds `addr` now, one socket per worker; `what` names it in the error ("proxy", "admin").
-pub fn bind(addr: SocketAddr, what: &'static str, workers: usize) -> Result<Vec<Bound>, BindError> {
-    let fail = |source| BindError { addr, what, source };
-    // A plain bind fails on any listener of the port, another instance's `SO_REUSEPORT` sockets
-    // included, which the sockets below would otherwise join.
-    let plain = TcpListener::bind(addr).map_err(fail)?;
-    if workers <= 1 {
-        return Ok(vec![listening(addr, plain.into()).map_err(fail)?]);
+/// At most this many sockets pass from one instance to the next in an upgrade (Pingora's
+/// `transfer_fd` receives 32; more would fail the new instance's start).
+const HANDOVER_MAX: usize = 32;
+
+/// Sockets per cleartext address: one per worker, as many as the upgrade hand-over carries
+/// beside `others` (the TLS and admin listeners' one each). Workers beyond it share.
+pub fn per_address(workers: usize, cleartext: usize, others: usize) -> usize {
+    match cleartext {
+        0 => 1,
+        n => (HANDOVER_MAX.saturating_sub(others) / n).clamp(1, workers.max(1)),
     }
-    // Port 0 is the one the kernel chose.
-    let port = plain.local_addr().map_err(fail)?;
-    drop(plain);
-    (0..workers)
-        .map(|worker| {
-            let socket = Socket::new(Domain::for_address(port), Type::STREAM, None)?;
-            socket.set_reuse_address(true)?;
-            socket.set_reuse_port(true)?;
-            socket.bind(&port.into())?;
-            // Linux caps it at net.core.somaxconn; what std's bind asks for.
-            socket.listen(1024)?;
-            let mut bound = listening(addr, socket.into())?;
-            bound.key = key(&bound.key, worker);
-            Ok(bound)
-        })
-        .collect::<std::io::Result<_>>()
-        .map_err(fail)
 }
 
-fn listening(addr: SocketAddr, fd: OwnedFd) -> std::io::Result<Bound> {
-    let listener = TcpListener::from(fd);
+/// Binds `sockets` sockets on `addr` now; `what` names it in the error ("proxy", "admin").
+pub fn bind(addr: SocketAddr, what: &'static str, sockets: usize) -> Result<Vec<Bound>, BindError> {
+    let fail = |source| BindError { addr, what, source };
+    // The first bind is plain: it fails on any listener of the port, another instance's
+    // `SO_REUSEPORT` sockets included, which the others would otherwise join. Only once it holds
+    // the port does it let the others in beside it.
+    let first = socket(addr).map_err(fail)?;
+    first.bind(&addr.into()).map_err(fail)?;
+    // Port 0 is the one the kernel chose.
+    let port = first.local_addr().ok().and_then(|a| a.as_socket());
+    let port = port.ok_or_else(|| fail(std::io::ErrorKind::InvalidInput.into()))?;
+    let mut bound = vec![listening(addr, 0, first, sockets > 1).map_err(fail)?];
+    for n in 1..sockets {
+        let next = socket(addr).map_err(fail)?;
+        next.set_reuse_port(true).map_err(fail)?;
+        next.bind(&port.into()).map_err(fail)?;
+        bound.push(listening(addr, n, next, false).map_err(fail)?);
+    }
+    Ok(bound)
+}
+
+fn socket(addr: SocketAddr) -> std::io::Result<Socket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    // As std's bind: a restart finds the port free while old connections sit in TIME_WAIT.
+    socket.set_reuse_address(true)?;
+    Ok(socket)
+}
+
+fn listening(addr: SocketAddr, n: usize, socket: Socket, share: bool) -> std::io::Result<Bound> {
+    if share {
+        socket.set_reuse_port(true)?;
+    }
+    // What Pingora asks for when it binds; Linux caps it at net.core.somaxconn.
+    socket.listen(65535)?;
     // Pingora's runtime accepts on it: a blocking socket would stall a worker thread.
-    listener.set_nonblocking(true)?;
+    socket.set_nonblocking(true)?;
     Ok(Bound {
-        key: addr.to_string(),
-        fd: listener.into(),
+        key: key(&addr.to_string(), n),
+        fd: socket.into(),
     })
 }
 
 /// The sockets bound before the start, for every worker's service to put into Pingora's table.
 pub type Fresh = Arc<StdMutex<Vec<Bound>>>;
 
+/// What one kind of listening service (cleartext proxy, TLS proxy, admin) listens on.
+#[derive(Clone)]
+pub struct Group {
+    /// Every address the service listens on, each given to its `add_tcp` as `to_string()`.
+    pub addrs: Vec<SocketAddr>,
+    /// Names them in an error ("proxy", "admin").
+    pub what: &'static str,
+    /// Sockets per address (`per_address`).
+    pub sockets: usize,
+    /// Those bound before the start; none in an upgrade.
+    pub fresh: Fresh,
+}
+
 /// One worker's listening service, on the sockets bound before the server started (or inherited
 /// in an upgrade).
 pub struct PreBound<S> {
     inner: S,
     worker: usize,
-    /// Every address the service listens on, as given to its `add_tcp`.
-    addrs: Vec<String>,
-    fresh: Fresh,
+    group: Group,
 }
 
 impl<S> PreBound<S> {
-    pub fn new(inner: S, worker: usize, addrs: Vec<String>, fresh: Fresh) -> PreBound<S> {
+    pub fn new(inner: S, worker: usize, group: Group) -> PreBound<S> {
         PreBound {
             inner,
             worker,
-            addrs,
-            fresh,
+            group,
         }
     }
 
-    /// This worker's own table: for each address, its socket, or a copy of the first worker's when
-    /// the running instance handed over fewer sockets than this one has workers (an instance
-    /// from before one socket per worker, or one on fewer CPUs).
+    /// This worker's own table: for each address, its socket, or a copy of another worker's when
+    /// there are fewer sockets than workers (more workers than the hand-over carries, or an
+    /// upgrade from an instance with fewer).
     fn table(&self, fds: &ListenFds) -> ListenFds {
         let mut table = fds.lock();
         for bound in self
+            .group
             .fresh
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -125,16 +153,34 @@ impl<S> PreBound<S> {
                 table.add(bound.key, bound.fd.into_raw_fd());
             }
         }
+        let Group { what, sockets, .. } = self.group;
         let mut own = Fds::new();
-        for addr in &self.addrs {
-            if let Some(fd) = table.get(&key(addr, self.worker)) {
-                // Pingora's listener owns it from here, as it would own a socket it bound.
-                own.add(addr.clone(), *fd);
-            } else if let Some(shared) = table.get(addr).and_then(|fd| duplicate(*fd)) {
-                own.add(addr.clone(), shared);
+        for &addr in &self.group.addrs {
+            let name = addr.to_string();
+            if table.get(&name).is_none() {
+                // An address the running instance did not have: an upgrade added it. Bound here,
+                // all its sockets, so that they are handed on at the next upgrade too; Pingora
+                // would bind one per worker without `SO_REUSEPORT`, and all but the first fail.
+                match bind(addr, what, sockets) {
+                    Ok(bound) => bound
+                        .into_iter()
+                        .for_each(|b| table.add(b.key, b.fd.into_raw_fd())),
+                    Err(e) => {
+                        eprintln!("error: cannot start: {e}: {}", e.source);
+                        std::process::exit(1);
+                    }
+                }
             }
-            // Neither: an address the running instance did not have; Pingora binds it, and if
-            // it cannot, `server` stops the process.
+            if let Some(fd) = table.get(&key(&name, self.worker)) {
+                // Pingora's listener owns it from here, as it would own a socket it bound.
+                own.add(name, *fd);
+            } else if let Some(shared) = table
+                .get(&key(&name, self.worker % sockets.max(1)))
+                .or_else(|| table.get(&name))
+                .and_then(|fd| duplicate(*fd))
+            {
+                own.add(name, shared);
+            }
         }
         Arc::new(Mutex::new(own))
     }
@@ -173,9 +219,11 @@ impl<S: Service> Service for PreBound<S> {
     /// start, so that no `SO_REUSEPORT` socket is left to take connections without an acceptor.
     fn listen_addresses(&self) -> Option<Vec<String>> {
         Some(
-            self.addrs
+            self.group
+                .addrs
                 .iter()
-                .flat_map(|addr| [addr.clone(), key(addr, self.worker)])
+                .map(ToString::to_string)
+                .flat_map(|addr| [key(&addr, self.worker), addr])
                 .collect(),
         )
     }
@@ -184,6 +232,7 @@ impl<S: Service> Service for PreBound<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::TcpListener;
     use std::os::fd::{AsRawFd, FromRawFd};
 
     fn error(addr: SocketAddr, workers: usize) -> String {
@@ -239,6 +288,15 @@ mod tests {
         assert!(error(addr, 1).contains("in use"));
     }
 
+    fn group(addr: SocketAddr, sockets: usize) -> Group {
+        Group {
+            addrs: vec![addr],
+            what: "proxy",
+            sockets,
+            fresh: Fresh::default(),
+        }
+    }
+
     #[test]
     fn a_worker_without_a_socket_of_its_own_shares_the_first() {
         let first = bind("127.0.0.1:0".parse().unwrap(), "proxy", 1).unwrap();
@@ -246,10 +304,39 @@ mod tests {
         // As an upgrade from an instance with one socket per address would leave the table.
         let inherited: ListenFds = Arc::new(Mutex::new(Fds::new()));
         inherited.lock().add("127.0.0.1:0".into(), fd);
-        let second = PreBound::new((), 1, vec!["127.0.0.1:0".into()], Fresh::default());
+        let second = PreBound::new((), 1, group("127.0.0.1:0".parse().unwrap(), 2));
         let own = second.table(&inherited);
         let copy = *own.lock().get("127.0.0.1:0").unwrap();
         assert_ne!(copy, fd);
         drop(unsafe { OwnedFd::from_raw_fd(copy) });
+    }
+
+    /// An upgrade that adds an address: the first worker to start binds all of its sockets into
+    /// the main table, where the next upgrade finds them, and each worker takes its own.
+    #[test]
+    fn an_address_the_table_lacks_is_bound_with_all_its_sockets() {
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let table: ListenFds = Arc::new(Mutex::new(Fds::new()));
+        let first = PreBound::new((), 0, group(addr, 2)).table(&table);
+        let second = PreBound::new((), 1, group(addr, 2)).table(&table);
+        let main = table.lock();
+        let name = addr.to_string();
+        let keys = [name.clone(), format!("{name}#1")];
+        assert!(keys.iter().all(|k| main.get(k).is_some()));
+        assert_eq!(first.lock().get(&name), main.get(&keys[0]));
+        assert_eq!(second.lock().get(&name), main.get(&keys[1]));
+    }
+
+    #[test]
+    fn sockets_per_address_fit_the_upgrade_hand_over() {
+        assert_eq!(per_address(2, 1, 1), 2);
+        assert_eq!(per_address(64, 1, 1), 31);
+        assert_eq!(per_address(16, 2, 2), 15);
+        assert_eq!(per_address(8, 0, 3), 1);
+        // More listeners than the hand-over carries: one each, as before.
+        assert_eq!(per_address(8, 40, 1), 1);
     }
 }

@@ -3,7 +3,7 @@
 //! handled.
 
 use crate::admin::{Admin, AdminParts};
-use crate::bind::{bind, BindError, Bound, Fresh, PreBound};
+use crate::bind::{bind, per_address, BindError, Bound, Group, PreBound};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ClockSource, Config, Listener, RedisSettings, RedisTarget, StateFormat};
 use crate::deny_cache::DenyCache;
@@ -73,13 +73,19 @@ pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), Start
     // Every socket first: a taken port stops the start here, before anything else runs or is
     // logged. An upgrade takes the running instance's sockets instead.
     let workers = workers();
+    let cleartext = config.listen.iter().filter(|l| l.tls.is_none()).count();
+    // TLS listeners have one socket, served by all threads (see `serve`); so has the admin one.
+    let per_address = per_address(workers, cleartext, config.listen.len() - cleartext + 1);
     let sockets = if options.upgrade {
         Sockets::default()
     } else {
         let mut proxy = Vec::new();
         for listener in &config.listen {
-            // TLS listeners are served by one service for all threads (see `serve`).
-            let sockets = if listener.tls.is_some() { 1 } else { workers };
+            let sockets = if listener.tls.is_some() {
+                1
+            } else {
+                per_address
+            };
             proxy.extend(bind(listener.addr, "proxy", sockets)?);
         }
         Sockets {
@@ -119,6 +125,7 @@ pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), Start
         options,
         sockets,
         workers,
+        per_address,
     };
     match &config.redis {
         Some(redis) => {
@@ -190,6 +197,8 @@ struct Parts {
     admin_token: Option<String>,
     /// Worker threads: a cleartext proxy service each (see `serve`).
     workers: usize,
+    /// Sockets on each cleartext address (`bind::per_address`).
+    per_address: usize,
 }
 
 /// Listening sockets bound before the server starts (none in an upgrade).
@@ -205,8 +214,8 @@ fn workers() -> usize {
 }
 
 /// A listener Pingora could not build panics inside its service's thread while the rest of the
-/// process serves on. Sockets are bound before the start (`bind`), but an upgrade that adds an
-/// address binds it in Pingora: that must stop the process too, in one line.
+/// process serves on. Every socket is bound by `bind`, before the start or as an upgrade adds
+/// it, but should Pingora fail to build a listener on one, that must stop the process too.
 fn exit_on_listener_panic() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
@@ -321,16 +330,25 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
             .map(|l| l.addr)
             .collect(),
     );
-    let fresh: Fresh = Arc::new(std::sync::Mutex::new(parts.sockets.proxy));
+    let fresh = Arc::new(std::sync::Mutex::new(parts.sockets.proxy));
     let (tls, cleartext): (Vec<&Listener>, Vec<&Listener>) =
         config.listen.iter().partition(|l| l.tls.is_some());
-    let services = [(cleartext, parts.workers, 1), (tls, 1, parts.workers)];
-    for (listeners, count, threads) in services {
+    // (listeners, services, threads each, sockets per address)
+    let kinds = [
+        (cleartext, parts.workers, 1, parts.per_address),
+        (tls, 1, parts.workers, 1),
+    ];
+    for (listeners, services, threads, sockets) in kinds {
         if listeners.is_empty() {
             continue;
         }
-        let addrs: Vec<String> = listeners.iter().map(|l| l.addr.to_string()).collect();
-        for worker in 0..count {
+        let group = Group {
+            addrs: listeners.iter().map(|l| l.addr).collect(),
+            what: "proxy",
+            sockets,
+            fresh: fresh.clone(),
+        };
+        for worker in 0..services {
             let app = worker_app(
                 &server.configuration,
                 config,
@@ -341,7 +359,7 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
             for listener in &listeners {
                 add_listener(&mut proxy, listener, &parts.resolvers)?;
             }
-            server.add_service(PreBound::new(proxy, worker, addrs.clone(), fresh.clone()));
+            server.add_service(PreBound::new(proxy, worker, group.clone()));
         }
     }
     let drain = Drain::new(clients.open_count());
@@ -394,12 +412,13 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
         config.admin,
         config.routes.len()
     );
-    server.add_service(PreBound::new(
-        admin,
-        0,
-        vec![config.admin.to_string()],
-        Arc::new(std::sync::Mutex::new(parts.sockets.admin)),
-    ));
+    let admin_group = Group {
+        addrs: vec![config.admin],
+        what: "admin",
+        sockets: 1,
+        fresh: Arc::new(std::sync::Mutex::new(parts.sockets.admin)),
+    };
+    server.add_service(PreBound::new(admin, 0, admin_group));
     server.add_service(watcher);
     server.add_service(health);
     server.run(RunArgs {

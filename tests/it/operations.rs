@@ -241,3 +241,39 @@ fn zero_downtime_upgrade_fails_no_request() {
     assert_eq!(next.decisions("api", "fail_open"), 0);
     next.terminate(Duration::from_secs(10));
 }
+
+/// An upgrade whose config adds a listener binds it with a socket per worker, as a start does,
+/// and hands it on at the next upgrade with the others.
+#[test]
+fn an_upgrade_that_adds_a_listener_serves_it_and_hands_it_on() {
+    let mut s = Setup::start_with_config(Backend::Memory, V1, "shutdown_grace_seconds: 1\n");
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let added: std::net::SocketAddr = format!("127.0.0.1:{}", crate::support::free_port())
+        .parse()
+        .unwrap();
+    let yaml = std::fs::read_to_string(s.proxy.config_path())
+        .unwrap()
+        .replace(
+            &format!("listen: \"{}\"", s.proxy.addr),
+            &format!("listen: [\"{}\", \"{added}\"]", s.proxy.addr),
+        );
+    assert!(yaml.contains(&added.to_string()), "{yaml}");
+    s.proxy.rewrite_config(&yaml);
+
+    let mut next = s.proxy.start_upgrade();
+    s.proxy.signal("-QUIT");
+    assert!(s.proxy.wait_exit(Duration::from_secs(30)).success());
+    let serves = |addr| crate::support::http::get(addr, "/", &[]).status;
+    assert_eq!(serves(added), 200, "{}", next.report());
+    assert_eq!(crate::support::listening_sockets(added.port()), workers);
+
+    let mut third = next.start_upgrade();
+    next.signal("-QUIT");
+    assert!(next.wait_exit(Duration::from_secs(30)).success());
+    assert_eq!(serves(added), 200, "{}", third.report());
+    assert_eq!(serves(third.addr), 200);
+    for port in [added.port(), third.addr.port()] {
+        assert_eq!(crate::support::listening_sockets(port), workers);
+    }
+    third.terminate(Duration::from_secs(10));
+}
