@@ -44,6 +44,8 @@
 #   bare Pingora        examples/bare_pingora.rs: Pingora forwarding and nothing else, same profile
 #   bare Pingora, per thread  the same as one single-threaded service per CPU, each on its own
 #                       SO_REUSEPORT socket (PER_THREAD=1): how the proxy runs its cleartext listeners
+#   bare Pingora, refusing  the same per thread, answering every request 429 from request_filter:
+#                       Pingora's floor under the hot key's cached denials
 #   nginx limit_req     the same plus limit_req keyed by X-Api-Key, a rate never reached
 #   nginx limit_req hot the same, one hot key at 100 r/s: nearly every request rejected (429)
 #   nginx+Lua EVALSHA   access_by_lua: EVALSHA of lua/token_bucket.lua per request, pooled
@@ -416,6 +418,8 @@ free_port; BARE=127.0.0.1:$REPLY
 start bare-pingora "$work/bare_pingora" "$BARE" "$UPSTREAM"
 free_port; BARE_PER_THREAD=127.0.0.1:$REPLY
 PER_THREAD=1 start bare-pingora-per-thread "$work/bare_pingora" "$BARE_PER_THREAD" "$UPSTREAM"
+free_port; BARE_REFUSING=127.0.0.1:$REPLY
+PER_THREAD=1 start bare-pingora-refusing "$work/bare_pingora" "$BARE_REFUSING" "$UPSTREAM" refuse
 
 # The processes whose CPU a contender's row reports.
 pids_of() { # pids_of NAME: the nginx's master and workers, or the proxy
@@ -436,6 +440,7 @@ contenders=(
     "nginx+Lua EVALSHA, Redis paused|http://$NGINX/luapaused/|$MANY_KEYS|0|contender"
     "bare Pingora|http://$BARE/|$MANY_KEYS|0|bare-pingora"
     "bare Pingora, per thread|http://$BARE_PER_THREAD/|$MANY_KEYS|0|bare-pingora-per-thread"
+    "bare Pingora, refusing|http://$BARE_REFUSING/|$HOT_KEYS|0|bare-pingora-refusing"
     "proxy, no limits|http://$PROXY/free/|$MANY_KEYS|0|proxy-redis"
     "proxy, Redis|http://$PROXY/|$MANY_KEYS|1|proxy-redis"
     "proxy, Redis, hot key|http://$PROXY/hot/|$HOT_KEYS|1|proxy-redis"
@@ -461,9 +466,14 @@ if [[ -n ${ONLY:-} ]]; then
     contenders=("${chosen[@]}")
 fi
 
+serves() { # serves URL: answers 2xx, or 429 (the refusing contender answers nothing else)
+    local code
+    code=$(curl -sSk -o /dev/null -w '%{http_code}' "$1")
+    [[ $code == 2?? || $code == 429 ]]
+}
 for c in "${contenders[@]}"; do
     IFS='|' read -r name url _ _ <<<"$c"
-    wait_until 20 "$name to serve" curl -fsSk -o /dev/null "$url"
+    wait_until 20 "$name to serve" serves "$url"
 done
 
 # Connection pools filled, keys created in Redis and memory, code paths warm: 1 s each.
@@ -713,6 +723,10 @@ targets=$(awk -F'\t' -v added_p50="$(added 3 3)" -v added_p99="$(added 5 3)" -v 
         if (added_p50 != "") printf "| 5. check added at half of peak, p50 | ≤ 150 µs | %d µs | %s |\n", added_p50, verdict(added_p50 <= 150)
         if (added_p99 != "") printf "| 5. check added at half of peak, p99 | ≤ 500 µs | %d µs | %s |\n", added_p99, verdict(added_p99 <= 500)
         if (hot && lr) printf "| 6. hot key (deny cache) vs nginx limit_req rejecting | ≥ 1.0× | %.2f× | %s |\n", hot / lr, verdict(hot / lr >= 1)
+        # What Pingora alone costs to answer 429: the floor under target 6.
+        refusing = median(rps["bare Pingora, refusing"])
+        if (refusing && lr) printf "| 6. bare Pingora answering 429 vs nginx limit_req rejecting | (the floor) | %.2f× (CPU µs/req %.1f against %.1f) | – |\n", refusing / lr, cpu("bare Pingora, refusing"), cpu("nginx limit_req, hot key")
+        if (refusing && hot) printf "| 6. hot key vs bare Pingora answering 429 | (reported) | %.2f× (CPU µs/req %.1f against %.1f) | – |\n", hot / refusing, cpu("proxy, Redis, hot key"), cpu("bare Pingora, refusing")
         if (redis && pass) printf "| allowed path vs nginx proxy_pass | ≥ 0.75× | %.2f× | %s |\n", redis / pass, verdict(redis / pass >= 0.75)
         # HTTPS: both terminate TLS with the same certificate; keep-alive, so the handshakes happen
         # in the warm-up and the rows compare record encryption and the rest.
