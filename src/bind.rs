@@ -69,14 +69,14 @@ pub fn bind(addr: SocketAddr, what: &'static str, sockets: usize) -> Result<Vec<
     // the port does it let the others in beside it.
     let first = socket(addr).map_err(fail)?;
     first.bind(&addr.into()).map_err(fail)?;
-    // Port 0 is the one the kernel chose.
-    let port = first.local_addr().ok().and_then(|a| a.as_socket());
-    let port = port.ok_or_else(|| fail(std::io::ErrorKind::InvalidInput.into()))?;
+    // With port 0, the others go on the port the kernel chose.
+    let local = first.local_addr().ok().and_then(|a| a.as_socket());
+    let local = local.ok_or_else(|| fail(std::io::ErrorKind::InvalidInput.into()))?;
     let mut bound = vec![listening(addr, 0, first, sockets > 1).map_err(fail)?];
     for n in 1..sockets {
         let next = socket(addr).map_err(fail)?;
         next.set_reuse_port(true).map_err(fail)?;
-        next.bind(&port.into()).map_err(fail)?;
+        next.bind(&local.into()).map_err(fail)?;
         bound.push(listening(addr, n, next, false).map_err(fail)?);
     }
     Ok(bound)
