@@ -330,7 +330,7 @@ fn a_taken_port_stops_the_start_with_one_line() {
 #[test]
 fn a_running_instance_has_a_socket_per_worker_and_no_second_one_joins_it() {
     let s = Setup::start(Backend::Memory, ROUTE);
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let workers = crate::support::proxy_workers();
     assert_eq!(listening_sockets(s.proxy.addr.port()), workers);
     let (out, took) = start_on(s.proxy.addr, free_addr());
     let stderr = String::from_utf8_lossy(&out.stderr);

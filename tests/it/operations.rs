@@ -232,7 +232,7 @@ fn zero_downtime_upgrade_fails_no_request() {
     );
     assert_eq!(next.admin_get("/healthz").status, 200);
     // Every worker's socket was handed over and taken: none is left without an acceptor.
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let workers = crate::support::proxy_workers();
     assert_eq!(crate::support::listening_sockets(next.addr.port()), workers);
     assert!(
         next.decisions("api", "allowed") > 20,
@@ -247,7 +247,7 @@ fn zero_downtime_upgrade_fails_no_request() {
 #[test]
 fn an_upgrade_that_adds_a_listener_serves_it_and_hands_it_on() {
     let mut s = Setup::start_with_config(Backend::Memory, V1, "shutdown_grace_seconds: 1\n");
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let workers = crate::support::proxy_workers();
     let added: std::net::SocketAddr = format!("127.0.0.1:{}", crate::support::free_port())
         .parse()
         .unwrap();

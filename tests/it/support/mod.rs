@@ -21,6 +21,11 @@ pub fn free_port() -> u16 {
         .expect("bind an ephemeral port")
 }
 
+/// The proxy's worker threads on this machine, and so its sockets on each cleartext address.
+pub fn proxy_workers() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
 /// Listening TCP sockets on loopback `port` (IPv4), whichever process holds them: the proxy has one
 /// per worker thread.
 pub fn listening_sockets(port: u16) -> usize {
