@@ -136,6 +136,27 @@ impl<S> PreBound<S> {
         }
     }
 
+    /// Whether this worker has a socket of its own on each address: only the first `sockets` do.
+    /// One inherited beyond them (from an instance with more) goes unclaimed and is closed at the
+    /// start, so the table never holds more than the next hand-over carries.
+    fn owns_a_socket(&self) -> bool {
+        self.worker < self.group.sockets.max(1)
+    }
+
+    /// The keys it takes from the table: an inherited socket nobody claims is closed at the
+    /// start, so that no `SO_REUSEPORT` socket is left to take connections without an acceptor.
+    fn claimed(&self) -> Vec<String> {
+        self.group
+            .addrs
+            .iter()
+            .map(ToString::to_string)
+            .flat_map(|addr| {
+                let mine = self.owns_a_socket().then(|| key(&addr, self.worker));
+                mine.into_iter().chain([addr])
+            })
+            .collect()
+    }
+
     /// This worker's own table: for each address, its socket, or a copy of another worker's when
     /// there are fewer sockets than workers (more workers than the hand-over carries, or an
     /// upgrade from an instance with fewer).
@@ -171,9 +192,10 @@ impl<S> PreBound<S> {
                     }
                 }
             }
-            if let Some(fd) = table.get(&key(&name, self.worker)) {
+            let mine = self.owns_a_socket().then(|| key(&name, self.worker));
+            if let Some(fd) = mine.and_then(|k| table.get(&k).copied()) {
                 // Pingora's listener owns it from here, as it would own a socket it bound.
-                own.add(name, *fd);
+                own.add(name, fd);
             } else if let Some(shared) = table
                 .get(&key(&name, self.worker % sockets.max(1)))
                 .or_else(|| table.get(&name))
@@ -215,17 +237,9 @@ impl<S: Service> Service for PreBound<S> {
         self.inner.threads()
     }
 
-    /// The keys it takes from the table: an inherited socket nobody claims is closed at the
-    /// start, so that no `SO_REUSEPORT` socket is left to take connections without an acceptor.
+    /// See `claimed`.
     fn listen_addresses(&self) -> Option<Vec<String>> {
-        Some(
-            self.group
-                .addrs
-                .iter()
-                .map(ToString::to_string)
-                .flat_map(|addr| [key(&addr, self.worker), addr])
-                .collect(),
-        )
+        Some(self.claimed())
     }
 }
 
@@ -328,6 +342,30 @@ mod tests {
         assert!(keys.iter().all(|k| main.get(k).is_some()));
         assert_eq!(first.lock().get(&name), main.get(&keys[0]));
         assert_eq!(second.lock().get(&name), main.get(&keys[1]));
+    }
+
+    /// An upgrade from an instance with more sockets per address (fewer listeners, or more CPUs):
+    /// the workers beyond this one's share take no inherited socket of their own, and leave the
+    /// extra ones unclaimed, for Pingora to close, so the next hand-over fits.
+    #[test]
+    fn sockets_beyond_the_cap_are_shared_and_left_unclaimed() {
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let table: ListenFds = Arc::new(Mutex::new(Fds::new()));
+        PreBound::new((), 0, group(addr, 3)).table(&table);
+        let name = addr.to_string();
+        let third = PreBound::new((), 2, group(addr, 2));
+        let own = *third.table(&table).lock().get(&name).unwrap();
+        let inherited = *table.lock().get(&format!("{name}#2")).unwrap();
+        assert_ne!(
+            own, inherited,
+            "a copy of a shared socket, not the extra one"
+        );
+        assert_eq!(third.claimed(), std::slice::from_ref(&name));
+        let second = PreBound::new((), 1, group(addr, 2));
+        assert_eq!(second.claimed(), [format!("{name}#1"), name]);
     }
 
     #[test]
