@@ -300,8 +300,23 @@ fn free_addr() -> SocketAddr {
         .unwrap()
 }
 
-/// A taken port, for the proxy or its admin listener, stops the start at once: one line that
-/// names the address, exit code 1, and no process left answering `/healthz`.
+/// Starts the proxy on `listen` and `admin`, one of them `taken`: it must stop at once with exit
+/// code 1 and one line that names the address, leaving no process answering `/healthz`.
+fn assert_stops_on_taken(listen: SocketAddr, admin: SocketAddr, taken: SocketAddr, what: &str) {
+    let (out, took) = start_on(listen, admin);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{what}: {stderr}");
+    assert!(took < SOON, "{what}: took {took:?}");
+    assert_eq!(
+        stderr.lines().collect::<Vec<_>>(),
+        [format!(
+            "error: cannot start: cannot listen on {taken} ({what}): Address already in use (os error 98)"
+        )],
+        "{what}"
+    );
+}
+
+/// A taken port, for the proxy or its admin listener, stops the start at once.
 #[test]
 fn a_taken_port_stops_the_start_with_one_line() {
     for what in ["proxy", "admin"] {
@@ -311,17 +326,7 @@ fn a_taken_port_stops_the_start_with_one_line() {
             "proxy" => (taken_addr, free_addr()),
             _ => (free_addr(), taken_addr),
         };
-        let (out, took) = start_on(listen, admin);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{what}: {stderr}");
-        assert!(took < SOON, "{what}: took {took:?}");
-        assert_eq!(
-            stderr.lines().collect::<Vec<_>>(),
-            [format!(
-                "error: cannot start: cannot listen on {taken_addr} ({what}): Address already in use (os error 98)"
-            )],
-            "{what}"
-        );
+        assert_stops_on_taken(listen, admin, taken_addr, what);
     }
 }
 
@@ -330,20 +335,10 @@ fn a_taken_port_stops_the_start_with_one_line() {
 #[test]
 fn a_running_instance_has_a_socket_per_worker_and_no_second_one_joins_it() {
     let s = Setup::start(Backend::Memory, ROUTE);
-    let workers = crate::support::proxy_workers();
-    assert_eq!(listening_sockets(s.proxy.addr.port()), workers);
-    let (out, took) = start_on(s.proxy.addr, free_addr());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(took < SOON, "took {took:?}");
-    assert_eq!(
-        stderr.lines().collect::<Vec<_>>(),
-        [format!(
-            "error: cannot start: cannot listen on {} (proxy): Address already in use (os error 98)",
-            s.proxy.addr
-        )]
-    );
-    assert_eq!(listening_sockets(s.proxy.addr.port()), workers);
+    let sockets = crate::support::sockets_per_address(1);
+    assert_eq!(listening_sockets(s.proxy.addr.port()), sockets);
+    assert_stops_on_taken(s.proxy.addr, free_addr(), s.proxy.addr, "proxy");
+    assert_eq!(listening_sockets(s.proxy.addr.port()), sockets);
     let answer = crate::support::http::get(s.proxy.addr, "/", &[]);
     assert_eq!(answer.status, 200);
 }

@@ -21,9 +21,11 @@ pub fn free_port() -> u16 {
         .expect("bind an ephemeral port")
 }
 
-/// The proxy's worker threads on this machine, and so its sockets on each cleartext address.
-pub fn proxy_workers() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get())
+/// The proxy's sockets on each of its `cleartext` addresses on this machine: one per worker thread
+/// (one per CPU), as many as Pingora's 32-socket upgrade hand-over carries beside the admin one.
+pub fn sockets_per_address(cleartext: usize) -> usize {
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    workers.min(31 / cleartext).max(1)
 }
 
 /// Listening TCP sockets on loopback `port` (IPv4), whichever process holds them: the proxy has one
