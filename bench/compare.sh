@@ -22,9 +22,10 @@
 # checkout as it is), BASELINE (another commit, built the same way: its proxy runs beside REV's on the
 # same Redis and upstream, as the contenders "baseline: proxy, no limits", "baseline: proxy, Redis"
 # and "baseline: proxy, Redis, hot key", so that two commits are compared within one run),
-# STATE_FORMAT (how REV's proxies and the nginx+Lua contender store buckets: `packed`, the
-# default, or `hash`; a REV or BASELINE that predates `redis.state_format` writes hashes, and
-# nginx+Lua then uses hashes too, so that both run the same script on the same format),
+# STATE_FORMAT (how REV's proxies and the nginx+Lua contender store buckets: `packed_ttl`, the
+# default, `packed` or `hash`; a REV or BASELINE that predates a format writes the newest one it
+# knows (packed, else hash), and nginx+Lua then uses REV's, so that both run the same script on
+# the same format),
 # BASELINE_FORMAT (the baseline's, default STATE_FORMAT: `BASELINE=HEAD BASELINE_FORMAT=hash`
 # compares the two formats with the same code in one run),
 # KEEP_TMP=1 (keep the temp dir: configs, logs, raw output), ONLY (an extended
@@ -162,22 +163,37 @@ if [[ -n ${BASELINE:-} ]]; then
 fi
 
 # How buckets are stored: `redis.state_format` where the binary knows it (see STATE_FORMAT above).
-STATE_FORMAT=${STATE_FORMAT:-packed}
-format_line() { # format_line BINARY FORMAT: the config line choosing FORMAT, or nothing
-    printf 'listen: "127.0.0.1:1"\nredis:\n  url: "redis://127.0.0.1:1"\n  state_format: %s\nroutes:\n  - { name: probe, upstream: "127.0.0.1:1" }\n' \
-        "$2" >"$work/format-probe.yaml"
-    if "$1" --config "$work/format-probe.yaml" --check >/dev/null 2>&1; then
-        printf '\n  state_format: %s' "$2"
-    fi
+STATE_FORMAT=${STATE_FORMAT:-packed_ttl}
+# format_for BINARY FORMAT: sets REPLY to FORMAT if BINARY knows it, else to the newest format
+# before it that BINARY knows (packed, then hash, which every version writes).
+format_for() {
+    local format candidates=$2
+    case $2 in
+        packed_ttl) candidates="packed_ttl packed hash" ;;
+        packed) candidates="packed hash" ;;
+    esac
+    for format in $candidates; do
+        printf 'listen: "127.0.0.1:1"\nredis:\n  url: "redis://127.0.0.1:1"\n  state_format: %s\nroutes:\n  - { name: probe, upstream: "127.0.0.1:1" }\n' \
+            "$format" >"$work/format-probe.yaml"
+        if [[ $format == hash ]] || "$1" --config "$work/format-probe.yaml" --check >/dev/null 2>&1; then
+            REPLY=$format
+            return
+        fi
+    done
 }
-rev_format=$(format_line "$proxy_bin" "$STATE_FORMAT")
-[[ -n $rev_format ]] || STATE_FORMAT=hash
+# The config line choosing a format; none for hash, so that versions before the key still start.
+format_line() { [[ $1 == hash ]] || printf '\n  state_format: %s' "$1"; }
+format_for "$proxy_bin" "$STATE_FORMAT"
+STATE_FORMAT=$REPLY
+rev_format=$(format_line "$STATE_FORMAT")
 base_format=
-[[ -z ${BASELINE:-} ]] || base_format=$(format_line "$work/ratelimit-proxy-baseline" "${BASELINE_FORMAT:-$STATE_FORMAT}")
-said="buckets stored as: $STATE_FORMAT by REV and nginx+Lua"
 if [[ -n ${BASELINE:-} ]]; then
-    if [[ -n $base_format ]]; then said+=", ${BASELINE_FORMAT:-$STATE_FORMAT} by the baseline"; else said+=", hash by the baseline"; fi
+    format_for "$work/ratelimit-proxy-baseline" "${BASELINE_FORMAT:-$STATE_FORMAT}"
+    BASELINE_FORMAT=$REPLY
+    base_format=$(format_line "$BASELINE_FORMAT")
 fi
+said="buckets stored as: $STATE_FORMAT by REV and nginx+Lua"
+[[ -z ${BASELINE:-} ]] || said+=", $BASELINE_FORMAT by the baseline"
 log "$said"
 
 # --- Redis ---------------------------------------------------------------------------------------

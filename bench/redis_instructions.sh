@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/redis_instructions.sh: instructions Redis spends per decision running lua/token_bucket.lua
 # (callgrind on redis-server), for batches of BATCHES requests (default "1 8 32"), each request one
-# limit on one of 1,000 keys, writing buckets in each of FORMATS (default "hash packed"). The count does not move with the machine's load, so a change to the
+# limit on one of 1,000 keys, writing buckets in each of FORMATS (default "hash packed packed_ttl"). The count does not move with the machine's load, so a change to the
 # script can be measured on a noisy box; bench/compare.sh gives Redis CPU per request under load.
 #
 #   bench/redis_instructions.sh                      # the script in the checkout
@@ -13,7 +13,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 SCRIPT=${SCRIPT:-$repo/lua/token_bucket.lua}
 BATCHES=${BATCHES:-1 8 32}
-FORMATS=${FORMATS:-hash packed}
+FORMATS=${FORMATS:-hash packed packed_ttl}
 [[ ${ARGS:-} == "" ]] || FORMATS=hash
 CALLS=${CALLS:-2000}
 work=$(mktemp -d)

@@ -8,8 +8,8 @@
 --
 -- ARGV[1]  now, in microseconds since the Unix epoch; "" means "use Redis TIME" (no skew between
 --          proxies). One instant for the whole batch: it left one proxy at one moment.
--- ARGV[2]  the format to write buckets in: "hash" or "packed" (see State below). Both are always
---          read, so proxies writing either share buckets exactly.
+-- ARGV[2]  the format to write buckets in: "hash", "packed" or "packed_ttl" (see State below).
+--          All are always read, so proxies writing any of them share buckets exactly.
 -- ARGV[3]  m, how many distinct limits the batch's requests draw on (most batches: one per route
 --          seen), then for each of them, 1 to m:
 --          capacity  whole tokens the bucket holds (the burst)
@@ -52,7 +52,13 @@
 --           needs HMGET, HSET and PEXPIRE: Redis runs a quarter fewer instructions per decision.
 --           Versions before it read a packed key as foreign and reset it to full, so a fleet turns
 --           it on only once every proxy reads it (README, "Upgrading a fleet to packed buckets").
+--   packed_ttl  a 32-byte string, struct.pack('<dddd', v, t, s, e): packed, and e, an instant (µs,
+--           on the writer's clock) that the key's expiry covers with its second of margin. A write
+--           whose bucket will be full by e keeps the key's expiry (SET … KEEPTTL) instead of
+--           setting it again (see put below). Versions before it read such a key as foreign, as
+--           above; packed readers of this version and later read it.
 --   By hand: redis-cli EVAL "return {struct.unpack('<ddd', redis.call('GET', KEYS[1]))}" 1 KEY
+--            ('<dddd' for a 32-byte packed_ttl key)
 -- Units are exact integers: refill adds (elapsed µs × num) units, so no rounding is ever
 -- carried or lost, and the caller keeps capacity × scale + num within 2^53 so that Lua's doubles
 -- stay exact. When a reload changed the limit, the tokens held carry over (converted to the new
@@ -91,31 +97,45 @@ local function whole(x)
   return nil
 end
 
--- The limits, in units: read once per batch, however many requests draw on them.
-local packed = ARGV[2] == 'packed'
+-- The limits, in units: read once per batch, however many requests draw on them. Quotas and
+-- leases are rare, so their tables are made only for a batch that has one (NONE stands in).
+local ttl = ARGV[2] == 'packed_ttl'
+local packed = ttl or ARGV[2] == 'packed'
 local m = tonumber(ARGV[3])
-local cap, scale, unit, unit_text, num, period, lease_ms, lease_id, cost = {}, {}, {}, {}, {}, {}, {}, {}, {}
+local NONE = {}
+local cap, scale, unit, unit_text, num, cost = {}, {}, {}, {}, {}, {}
+local period, lease_ms, lease_id = NONE, NONE, NONE
 for j = 1, m do
   local a = 4 + 4 * (j - 1)
-  scale[j] = tonumber(ARGV[a + 1])
-  cap[j] = tonumber(ARGV[a]) * scale[j]
+  local capacity, s = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  scale[j] = s
+  cap[j] = capacity * s
   num[j] = tonumber(ARGV[a + 2])
   if not num[j] then
     local text = ARGV[a + 2]
     local ms, id = string.match(text, '^lease:(%d+):(%d+)$')
     if ms then
+      if lease_ms == NONE then
+        lease_ms, lease_id = {}, {}
+      end
       lease_ms[j], lease_id[j] = tonumber(ms), id
     elseif text == 'day' or text == 'week' or text == 'month' then
+      if period == NONE then
+        period = {}
+      end
       period[j] = text
     else
       return redis.error_reply('unknown refill ' .. text)
     end
   end
-  cost[j] = tonumber(ARGV[a + 3]) * scale[j]
+  cost[j] = tonumber(ARGV[a + 3]) * s
   -- What a state's `s` records: the scale, or a quota's amount (its state then says how much was
   -- used, whatever the amount becomes).
-  unit_text[j] = period[j] and ARGV[a] or ARGV[a + 1]
-  unit[j] = tonumber(unit_text[j])
+  if period[j] then
+    unit_text[j], unit[j] = ARGV[a], capacity
+  else
+    unit_text[j], unit[j] = ARGV[a + 1], s
+  end
 end
 
 -- Calendar periods in UTC, as src/calendar.rs computes them (Howard Hinnant's civil-date
@@ -174,16 +194,25 @@ local number = setmetatable({}, {
 
 local pack, unpack_state = struct.pack, struct.unpack
 
--- What a packed bucket holds, or nil when `text` is not one.
+-- What a packed bucket holds (and, written as packed_ttl, the instant its expiry covers; nil
+-- when unknown), or nil when `text` is not one.
 local function unpacked(text)
-  if #text ~= 24 then
+  local v, t, s, e
+  local n = #text
+  if n == 24 then
+    v, t, s = unpack_state('<ddd', text)
+  elseif n == 32 then
+    v, t, s, e = unpack_state('<dddd', text)
+    if not (e >= 0 and e <= 9007199254740992 and e % 1 == 0) then
+      return nil
+    end
+  else
     return nil
   end
-  local v, t, s = unpack_state('<ddd', text)
   -- Whole numbers in 0..2^53 (NaN fails the first comparison).
   if v >= 0 and t >= 0 and s >= 0 and v <= 9007199254740992 and t <= 9007199254740992
       and s <= 9007199254740992 and v % 1 == 0 and t % 1 == 0 and s % 1 == 0 then
-    return v, t, s
+    return v, t, s, e
   end
   return nil
 end
@@ -222,7 +251,7 @@ end
 -- Writing packed, every key is read up front by one MGET (a hash reads as nil there, and is read
 -- as a hash when needed), and a later request of the batch reads what an earlier one wrote from
 -- these tables, by key. Writing hashes, each read goes to Redis.
-local known_v, known_t, known_s, known_kind = {}, {}, {}, {}
+local known_v, known_t, known_s, known_kind, known_e = {}, {}, {}, {}, {}
 -- Lua unpacks at most a few thousand values at once: commands over many keys go in slices.
 local SLICE = 1000
 if packed then
@@ -234,9 +263,9 @@ if packed then
       local text = got[i - from + 1]
       local key = KEYS[i]
       if text then
-        local v, t, s = unpacked(text)
+        local v, t, s, e = unpacked(text)
         if v then
-          known_v[key], known_t[key], known_s[key], known_kind[key] = v, t, s, 'packed'
+          known_v[key], known_t[key], known_s[key], known_kind[key], known_e[key] = v, t, s, 'packed', e
         else
           known_kind[key] = 'bad'
         end
@@ -342,9 +371,53 @@ local function refill(key, j)
     at = now
   end
   if packed and bad == 1 then
-    known_kind[key] = 'none'
+    known_kind[key], known_e[key] = 'none', nil
   end
   return held, at, bad, same, kind
+end
+
+-- The expiry `us` from now calls for, in whole milliseconds as text ('%d': below 2^53 Redis prints
+-- them in full too) with the second of margin. Formatting costs more than a bucket's arithmetic,
+-- and the requests of a batch mostly need the same one, so each is formatted once per call.
+local expiries = {}
+local function expiry(us, extra_ms)
+  local ms = math.ceil(us / 1000) + 1000 + extra_ms
+  local text = expiries[ms]
+  if not text then
+    text = string.format('%d', ms)
+    expiries[ms] = text
+  end
+  return text
+end
+
+-- Writes a packed bucket, whose key must outlive `us` from now (and the second of margin).
+-- Writing packed_ttl, the value also records `e`, an instant the key's expiry is known to cover
+-- (it was set to e + 1 s, on this proxy's clock). A write that needs no later one keeps the expiry
+-- (SET … KEEPTTL: setting one costs Redis about as much as the SET itself); one that does sets it
+-- SLACK_US further than it needs, so that the writes of the next seconds keep it.
+-- Instants near 2^53 are not exact as doubles, so the comparisons are of spans from now.
+local SLACK_US = 5000000
+local function put(key, j, held, at, us)
+  local u = unit[j]
+  if ttl then
+    local e = known_e[key]
+    if e and e - now >= us then
+      redis.call('SET', key, pack('<dddd', held, at, u, e), 'KEEPTTL')
+    else
+      -- Recorded within 2^53 (a bucket refilling over centuries may be full later): less than
+      -- the expiry covers, never more.
+      if us + SLACK_US > 9007199254740992 - now then
+        e = 9007199254740992
+      else
+        e = now + us + SLACK_US
+      end
+      redis.call('SET', key, pack('<dddd', held, at, u, e), 'PX', expiry(us, SLACK_US / 1000))
+      known_e[key] = e
+    end
+  else
+    redis.call('SET', key, pack('<ddd', held, at, u), 'PX', expiry(us, 0))
+  end
+  known_v[key], known_t[key], known_s[key], known_kind[key] = held, at, u, 'packed'
 end
 
 -- Writes the bucket at `key`, which now holds `held` units at instant `at` under limit j, with an
@@ -369,12 +442,11 @@ local function write(key, j, held, at, same, kind)
     -- From now: a bucket in debt (or written by a clock ahead) refills only from `at`.
     us = math.ceil((cap[j] - held) / num[j]) + (at - now)
   end
-  local ms = string.format('%d', math.ceil(us / 1000) + 1000)
   if packed then
-    redis.call('SET', key, pack('<ddd', held, at, unit[j]), 'PX', ms)
-    known_v[key], known_t[key], known_s[key], known_kind[key] = held, at, unit[j], 'packed'
+    put(key, j, held, at, us)
     return
   end
+  local ms = expiry(us, 0)
   if kind == 'packed' then
     -- HSET on a string is refused: the key changes type.
     redis.call('DEL', key)
@@ -409,40 +481,85 @@ local r = 1
 local k = 0
 local a = 4 + 4 * m
 local args = #ARGV
-local v, t, bad, same, kind, lim = {}, {}, {}, {}, {}, {}
+local v, t, bad, same, kind, lim
 while a <= args do
   local n = number[ARGV[a]]
-  -- A charge: each limit's cost (negative: a refund) is taken whatever the bucket holds.
-  local charge = n < 0
-  if charge then
-    n = -n
-  end
-  local allowed = 1
-  for i = 1, n do
-    local j = number[ARGV[a + i]]
-    lim[i] = j
-    v[i], t[i], bad[i], same[i], kind[i] = refill(KEYS[k + i], j)
-    if v[i] < cost[j] and not charge then
-      allowed = 0
+  -- The usual request, decided here without the general steps below: one bucket of a refilling
+  -- limit, stored packed in its scale or not at all. The arithmetic is refill's and write's for
+  -- that case, step for step.
+  local j = n == 1 and packed and number[ARGV[a + 1]]
+  local key = KEYS[k + 1]
+  local found = j and period[j] == nil and lease_ms[j] == nil and known_kind[key]
+  if found == 'none' or (found == 'packed' and known_s[key] == unit[j]) then
+    local c = cap[j]
+    local held, at = c, now
+    if found == 'packed' then
+      held, at = known_v[key], known_t[key]
+      if held > c then
+        held = c
+      end
+      if now > at then
+        local missing = c - held
+        if missing > 0 then
+          local gained = (now - at) * num[j]
+          if gained >= missing then
+            held = c
+          else
+            held = held + gained
+          end
+        end
+        at = now
+      end
     end
-  end
-  a = a + 1 + n
-  r = r + 1
-  reply[r] = allowed
-  for i = 1, n do
-    local j = lim[i]
+    local allowed = 0
+    if held >= cost[j] then
+      allowed = 1
+      held = held - cost[j]
+      put(key, j, held, at, math.ceil((c - held) / num[j]) + (at - now))
+    end
+    reply[r + 1] = allowed
+    reply[r + 2] = held
+    reply[r + 3] = at - now
+    reply[r + 4] = 0
+    r = r + 4
+    a = a + 2
+    k = k + 1
+  else
+    if not v then
+      v, t, bad, same, kind, lim = {}, {}, {}, {}, {}, {}
+    end
+    -- A charge: each limit's cost (negative: a refund) is taken whatever the bucket holds.
+    local charge = n < 0
     if charge then
-      v[i], t[i] = debit(j, v[i], t[i])
-      write(KEYS[k + i], j, v[i], t[i], same[i], kind[i])
-    elseif allowed == 1 then
-      v[i] = v[i] - cost[j]
-      write(KEYS[k + i], j, v[i], t[i], same[i], kind[i])
+      n = -n
     end
-    reply[r + 1] = v[i]
-    reply[r + 2] = t[i] - now
-    reply[r + 3] = bad[i]
-    r = r + 3
+    local allowed = 1
+    for i = 1, n do
+      j = number[ARGV[a + i]]
+      lim[i] = j
+      v[i], t[i], bad[i], same[i], kind[i] = refill(KEYS[k + i], j)
+      if v[i] < cost[j] and not charge then
+        allowed = 0
+      end
+    end
+    a = a + 1 + n
+    r = r + 1
+    reply[r] = allowed
+    for i = 1, n do
+      j = lim[i]
+      if charge then
+        v[i], t[i] = debit(j, v[i], t[i])
+        write(KEYS[k + i], j, v[i], t[i], same[i], kind[i])
+      elseif allowed == 1 then
+        v[i] = v[i] - cost[j]
+        write(KEYS[k + i], j, v[i], t[i], same[i], kind[i])
+      end
+      reply[r + 1] = v[i]
+      reply[r + 2] = t[i] - now
+      reply[r + 3] = bad[i]
+      r = r + 3
+    end
+    k = k + n
   end
-  k = k + n
 end
 return reply

@@ -96,9 +96,12 @@ pub async fn check(redis: &RedisSettings, topology: &dyn Topology, leases: bool)
     line("SCRIPT LOAD", Ok(()));
 
     let key = format!("{}:{{--check}}:bucket", redis.key_prefix);
+    // The second write reads the first as the other format's writers do; packed_ttl's second
+    // write is its own, which keeps the key's expiry (SET … KEEPTTL, Redis 6.0 and later).
     let (format, other) = match redis.state_format {
         StateFormat::Hash => ("hash", "packed"),
         StateFormat::Packed => ("packed", "hash"),
+        StateFormat::PackedTtl => ("packed_ttl", "packed_ttl"),
     };
     let now = now_us().to_string();
     let decide = |format: &str, now: &str| {

@@ -5,7 +5,7 @@
 use crate::admin::{Admin, AdminParts};
 use crate::bind::{bind, per_address, BindError, Bound, Group, PreBound};
 use crate::clock::{Clock, SystemClock};
-use crate::config::{ClockSource, Config, Listener, RedisSettings, RedisTarget, StateFormat};
+use crate::config::{ClockSource, Config, Listener, RedisSettings, RedisTarget};
 use crate::deny_cache::DenyCache;
 use crate::downstream::Connections;
 use crate::drain::Drain;
@@ -13,7 +13,7 @@ use crate::gate::Gate;
 use crate::health::HealthChecker;
 use crate::limiter::memory::MemoryLimiter;
 use crate::limiter::redis::{
-    Cluster, Format, RedisLimiter, RedisOptions, Security, Sentinel, Standalone, Topology,
+    Cluster, RedisLimiter, RedisOptions, Security, Sentinel, Standalone, Topology,
 };
 use crate::limiter::{Limiter, LimiterError};
 use crate::metrics::Metrics;
@@ -137,10 +137,7 @@ pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), Start
             let options = RedisOptions {
                 timeout: redis.timeout,
                 clock,
-                format: match redis.state_format {
-                    StateFormat::Hash => Format::Hash,
-                    StateFormat::Packed => Format::Packed,
-                },
+                format: redis.state_format,
                 metrics,
             };
             serve(

@@ -160,8 +160,8 @@ words! {
 }
 
 words! {
-    /// How buckets are stored in Redis (`lua/token_bucket.lua`, "State"). Every proxy reads both;
-    /// what differs is what it writes.
+    /// How buckets are stored in Redis (`lua/token_bucket.lua`, "State"). Every proxy of this
+    /// version reads all three; what differs is what it writes.
     pub enum StateFormat {
         /// A hash of `v`, `t`, `s`: what every version reads, so a fleet that still runs proxies
         /// of an earlier version keeps one bucket per client.
@@ -170,6 +170,11 @@ words! {
         /// CPU and memory per decision, but proxies of versions before it would read such a key
         /// as foreign and reset it, so it is for fleets where every proxy reads it.
         Packed = "packed",
+        /// Packed, plus the instant the key's expiry covers (32 bytes), so that most writes keep
+        /// the expiry instead of setting it again: less Redis CPU still. Proxies of versions
+        /// before it, `packed` ones included, would reset such a key, so it too is for fleets
+        /// where every proxy reads it.
+        PackedTtl = "packed_ttl",
     }
 }
 

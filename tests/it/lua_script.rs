@@ -1,7 +1,7 @@
 //! `lua/token_bucket.lua` on its own, with the caller's clock so time is exact: refill arithmetic,
 //! expiry, reply types, all-or-nothing, and step-for-step agreement with the Rust mirror.
 
-use crate::support::lua::{pack, stored, type_of, Script, T0};
+use crate::support::lua::{covered, pack, stored, type_of, unpack, Script, T0};
 use ratelimit_proxy::limiter::bucket::{evaluate, State};
 use ratelimit_proxy::limiter::redis::Format;
 use ratelimit_proxy::limiter::{BucketParams, Decision, Kind, LimitState};
@@ -99,7 +99,7 @@ fn state_is_exact_in_either_format_and_expires_only_once_full() {
         cost: 4,
         kind: Kind::Bucket,
     }; // 1 token/s
-    for format in [Format::Hash, Format::Packed] {
+    for format in Format::ALL {
         let s = Script::writing(format);
         assert!(s.eval(&["k"], T0, &[p]).allowed);
         match format {
@@ -121,11 +121,72 @@ fn state_is_exact_in_either_format_and_expires_only_once_full() {
                 ]);
                 assert_eq!(by_hand[..3], [6_000_000, T0 as i64, 1_000_000]);
             }
+            Format::PackedTtl => {
+                let bytes: Vec<u8> = s.redis.cmd(&["GET", "k"]);
+                assert_eq!(bytes[..24], pack([6_000_000, T0, 1_000_000]));
+                // Full again at T0 + 4 s; the expiry was set 5 s further.
+                assert_eq!(covered(&bytes), Some(T0 + 9_000_000));
+            }
         }
         let pttl: i64 = s.redis.cmd(&["PTTL", "k"]);
-        // 4 tokens to refill at 1/s = 4 s, plus the 1 s margin.
-        assert!((4_000..=5_000).contains(&pttl), "{format:?}: PTTL {pttl}");
+        // 4 tokens to refill at 1/s = 4 s, plus the 1 s margin (packed_ttl: and 5 s of slack).
+        let slack = if format == Format::PackedTtl {
+            5_000
+        } else {
+            0
+        };
+        assert!(
+            (4_000 + slack..=5_000 + slack).contains(&pttl),
+            "{format:?}: PTTL {pttl}"
+        );
     }
+}
+
+/// packed_ttl sets a key's expiry only when a write needs a later one than the value records, and
+/// then 5 s further than needed; the writes in between keep it (SET … KEEPTTL). Every write still
+/// leaves the key alive until its bucket is full again plus the 1 s margin.
+#[test]
+fn packed_ttl_keeps_the_expiry_while_it_covers_the_bucket_and_extends_it_when_not() {
+    let s = Script::writing(Format::PackedTtl);
+    let p = BucketParams {
+        capacity: 10,
+        scale: 1_000_000,
+        num: 1,
+        cost: 4,
+        kind: Kind::Bucket,
+    }; // 1 token/s, 4 a request
+    let look = || {
+        let bytes: Vec<u8> = s.redis.cmd(&["GET", "k"]);
+        let pttl: i64 = s.redis.cmd(&["PTTL", "k"]);
+        (unpack(&bytes).unwrap(), covered(&bytes).unwrap(), pttl)
+    };
+    // 6 left, full at T0 + 4 s: the expiry covers T0 + 9 s.
+    assert!(s.eval(&["k"], T0, &[p]).allowed);
+    let (_, e, first) = look();
+    assert_eq!(e, T0 + 9_000_000);
+    // 1 s later: 7, then 3 left, full at T0 + 8 s, within what the expiry covers: kept.
+    assert!(s.eval(&["k"], T0 + 1_000_000, &[p]).allowed);
+    let (state, e, kept) = look();
+    assert_eq!(state, [3_000_000, T0 + 1_000_000, 1_000_000]);
+    assert_eq!(
+        e,
+        T0 + 9_000_000,
+        "the value still records the expiry set before"
+    );
+    assert!(kept <= first, "KEEPTTL: PTTL {kept} after {first}");
+    // Denied (3 < 4): nothing written.
+    assert!(!s.eval(&["k"], T0 + 1_000_000, &[p]).allowed);
+    // 0.5 s later: 3.5 held, 4 wanted: denied. 1 s later: 4, all taken: full at T0 + 12 s,
+    // past T0 + 9 s: extended to T0 + 17 s, 15 s from now plus the margin.
+    assert!(!s.eval(&["k"], T0 + 1_500_000, &[p]).allowed);
+    assert!(s.eval(&["k"], T0 + 2_000_000, &[p]).allowed);
+    let (state, e, extended) = look();
+    assert_eq!(state, [0, T0 + 2_000_000, 1_000_000]);
+    assert_eq!(e, T0 + 17_000_000);
+    assert!(
+        (15_900..=16_000).contains(&extended),
+        "PTTL {extended} for a refill of 10 s, 5 s of slack and the 1 s margin"
+    );
 }
 
 /// A call carries every key of its batch; Lua unpacks only a few thousand values at once, so the

@@ -27,7 +27,7 @@ impl RedisLimiter {
             Some(clock) => cmd.arg(clock.now_us()),
             None => cmd.arg(""),
         };
-        cmd.arg(caller.format.word()).arg(buckets.len());
+        cmd.arg(caller.format.as_str()).arg(buckets.len());
         for (b, &amount) in buckets.iter().zip(amounts) {
             limit_args(&mut cmd, &b.params, amount);
         }

@@ -48,26 +48,9 @@ pub const RENEW_LUA: &str = include_str!("../../../lua/renew.lua");
 /// One bucket read without writing (the admin API).
 pub const PEEK_LUA: &str = include_str!("../../../lua/peek.lua");
 
-/// The format buckets are written in (both are read, so proxies writing either share buckets
-/// exactly): the script's `ARGV[2]`, see "State" in `lua/token_bucket.lua`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Format {
-    /// A hash of `v`, `t`, `s`: read by every version of the script.
-    #[default]
-    Hash,
-    /// One 24-byte string: one `MGET` per call and one `SET … PX` per write.
-    Packed,
-}
-
-impl Format {
-    /// The script's word for it.
-    pub fn word(self) -> &'static str {
-        match self {
-            Format::Hash => "hash",
-            Format::Packed => "packed",
-        }
-    }
-}
+/// The format buckets are written in (every format is read, so proxies writing any of them share
+/// buckets exactly): the script's `ARGV[2]`, see "State" in `lua/token_bucket.lua`.
+pub use crate::config::StateFormat as Format;
 
 /// How a Redis deployment is reached: a standalone server, a cluster, or sentinels' primary. Each
 /// knows its own way back after an error (reconnect, follow a failover); the limiter around it
@@ -193,7 +176,7 @@ impl Caller {
             Some(clock) => cmd.arg(clock.now_us()),
             None => cmd.arg(""),
         };
-        cmd.arg(self.format.word()).arg(limits.len());
+        cmd.arg(self.format.as_str()).arg(limits.len());
         for p in &limits {
             limit_args(&mut cmd, p, p.cost as i64);
         }

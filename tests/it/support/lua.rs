@@ -53,7 +53,7 @@ impl Script {
             .flat_map(|(k, _)| k.iter().copied())
             .collect();
         cmd.arg(&self.sha).arg(keys.len()).arg(&keys).arg(now);
-        cmd.arg(format.word());
+        cmd.arg(format.as_str());
         // The table of distinct limits, then each request's numbers in it.
         let mut table: Vec<BucketParams> = Vec::new();
         let numbers: Vec<Vec<usize>> = requests
@@ -127,7 +127,7 @@ impl Script {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&self.sha).arg(keys.len()).arg(keys);
         cmd.arg(now.map_or(String::new(), |n| n.to_string()));
-        cmd.arg(self.format.word());
+        cmd.arg(self.format.as_str());
         // Each limit its own entry in the table of limits, the one request drawing on all of them.
         cmd.arg(limits.len());
         for p in limits {
@@ -149,7 +149,7 @@ impl Script {
     ) -> redis::Cmd {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&self.sha).arg(keys.len()).arg(keys).arg(now);
-        cmd.arg(self.format.word()).arg(limits.len());
+        cmd.arg(self.format.as_str()).arg(limits.len());
         for (p, amount) in limits.iter().zip(amounts) {
             cmd.arg(p.capacity).arg(p.scale);
             match p.kind {
@@ -194,12 +194,25 @@ pub fn stored(redis: &RedisServer, key: &str) -> Option<[u64; 3]> {
     }
 }
 
-/// A packed bucket: three little-endian doubles, each a whole number.
+/// A packed bucket: three little-endian doubles, each a whole number (packed_ttl: a fourth, the
+/// instant its expiry covers, see [`covered`]).
 pub fn unpack(bytes: &[u8]) -> Option<[u64; 3]> {
-    if bytes.len() != 24 {
+    let all = doubles(bytes)?;
+    Some([all[0], all[1], all[2]])
+}
+
+/// The instant a packed_ttl bucket's expiry covers; `None` for any other value.
+pub fn covered(bytes: &[u8]) -> Option<u64> {
+    doubles(bytes)
+        .filter(|all| all.len() == 4)
+        .map(|all| all[3])
+}
+
+fn doubles(bytes: &[u8]) -> Option<Vec<u64>> {
+    if bytes.len() != 24 && bytes.len() != 32 {
         return None;
     }
-    let mut out = [0; 3];
+    let mut out = vec![0; bytes.len() / 8];
     for (o, c) in out.iter_mut().zip(bytes.chunks_exact(8)) {
         let f = f64::from_le_bytes(c.try_into().unwrap());
         if !(f >= 0.0 && f.fract() == 0.0 && f <= 2f64.powi(53)) {
@@ -222,7 +235,7 @@ pub fn pack(state: [u64; 3]) -> Vec<u8> {
 pub fn type_of(format: Format) -> &'static str {
     match format {
         Format::Hash => "hash",
-        Format::Packed => "string",
+        Format::Packed | Format::PackedTtl => "string",
     }
 }
 
