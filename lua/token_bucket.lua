@@ -28,6 +28,9 @@
 --                    charge of usage a response reported, not a decision: each limit's cost
 --                    (negative: a refund) is taken whatever the bucket holds, going into debt
 --          and n limit numbers (1 to m), one per bucket
+--          Or nothing, when m is 1 and every request is a decision on that one limit (the usual
+--          batch): each key is then a request of its own. Two arguments fewer per request is a
+--          tenth of what Redis spends on a decision.
 -- KEYS     every request's buckets, in order. On a Redis Cluster all of them share one slot.
 --
 -- Reply: `now` (the instant every request was decided at: a quota's boundary depends on it), then
@@ -482,12 +485,14 @@ local k = 0
 local a = 4 + 4 * m
 local args = #ARGV
 local v, t, bad, same, kind, lim
-while a <= args do
-  local n = number[ARGV[a]]
+local uniform = m == 1 and a > args
+local keys = #KEYS
+while (uniform and k < keys) or (not uniform and a <= args) do
+  local n = uniform and 1 or number[ARGV[a]]
   -- The usual request, decided here without the general steps below: one bucket of a refilling
   -- limit, stored packed in its scale or not at all. The arithmetic is refill's and write's for
   -- that case, step for step.
-  local j = n == 1 and packed and number[ARGV[a + 1]]
+  local j = n == 1 and packed and (uniform and 1 or number[ARGV[a + 1]])
   local key = KEYS[k + 1]
   local found = j and period[j] == nil and lease_ms[j] == nil and known_kind[key]
   if found == 'none' or (found == 'packed' and known_s[key] == unit[j]) then
@@ -535,7 +540,7 @@ while a <= args do
     end
     local allowed = 1
     for i = 1, n do
-      j = number[ARGV[a + i]]
+      j = uniform and 1 or number[ARGV[a + i]]
       lim[i] = j
       v[i], t[i], bad[i], same[i], kind[i] = refill(KEYS[k + i], j)
       if v[i] < cost[j] and not charge then

@@ -180,6 +180,10 @@ impl Caller {
         for p in &limits {
             limit_args(&mut cmd, p, p.cost as i64);
         }
+        // One limit, one bucket per request: the script reads each key as a request of its own.
+        if limits.len() == 1 && jobs.iter().all(|j| j.params.len() == 1) {
+            return cmd;
+        }
         let mut numbers = numbers.into_iter();
         for j in jobs {
             cmd.arg(j.params.len());

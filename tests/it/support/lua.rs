@@ -75,8 +75,11 @@ impl Script {
         for p in &table {
             limit_args(&mut cmd, p);
         }
-        for n in &numbers {
-            cmd.arg(n.len()).arg(n);
+        // As the proxy sends it: nothing per request when each has the one limit.
+        if !(table.len() == 1 && numbers.iter().all(|n| n.len() == 1)) {
+            for n in &numbers {
+                cmd.arg(n.len()).arg(n);
+            }
         }
         let mut c = self.redis.connection().unwrap();
         let reply: Vec<Value> = cmd.query(&mut c).expect("EVALSHA of a batch");
