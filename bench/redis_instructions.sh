@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # bench/redis_instructions.sh: instructions Redis spends per decision running lua/token_bucket.lua
 # (callgrind on redis-server), for batches of BATCHES requests (default "1 8 32"), each request one
-# limit on one of 1,000 keys, writing buckets in each of FORMATS (default "hash packed packed_ttl"). The count does not move with the machine's load, so a change to the
-# script can be measured on a noisy box; bench/compare.sh gives Redis CPU per request under load.
+# limit on one of 1,000 keys, writing buckets in each of FORMATS (default "hash packed
+# packed_ttl"), the call sent as the proxy sends it (nothing per request: one limit each). The
+# count does not move with the machine's load, so a change to the script can be measured on a
+# noisy box; bench/compare.sh gives Redis CPU per request under load.
 #
 #   bench/redis_instructions.sh                      # the script in the checkout
-#   SCRIPT=old.lua ARGS=old bench/redis_instructions.sh   # a script of before 2026-12-03 (no batches)
+#   SCRIPT=old.lua ARGS=explicit bench/redis_instructions.sh  # each request's limit numbers sent (before a7942ea)
 #   SCRIPT=old.lua ARGS=batched bench/redis_instructions.sh   # batches, before state_format
+#   SCRIPT=old.lua ARGS=old bench/redis_instructions.sh   # a script of before 2026-12-03 (no batches)
 #
 # Needs valgrind, redis-server, redis-cli, redis-benchmark.
 set -euo pipefail
@@ -14,7 +17,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 SCRIPT=${SCRIPT:-$repo/lua/token_bucket.lua}
 BATCHES=${BATCHES:-1 8 32}
 FORMATS=${FORMATS:-hash packed packed_ttl}
-[[ ${ARGS:-} == "" ]] || FORMATS=hash
+[[ ${ARGS:-explicit} == explicit ]] || FORMATS=hash
 CALLS=${CALLS:-2000}
 work=$(mktemp -d)
 pid=
@@ -45,7 +48,7 @@ for format in $FORMATS; do
         fi
         for ((i = 0; i < batch; i++)); do
             keys+=("rl:{bench}:__rand_int__")
-            [[ ${ARGS:-} == old ]] || args+=(1 1)
+            [[ ${ARGS:-} == old || ${ARGS:-} == "" ]] || args+=(1 1)
         done
         run() { redis-benchmark -p "$port" -n "$CALLS" -c 2 -r 1000 EVALSHA "$sha" "$batch" "${keys[@]}" "" "${args[@]}" >/dev/null; }
         run # warm: every key written once
