@@ -98,11 +98,12 @@ pub async fn check(redis: &RedisSettings, topology: &dyn Topology, leases: bool)
     let key = format!("{}:{{--check}}:bucket", redis.key_prefix);
     // The second write reads the first as the other format's writers do; packed_ttl's second
     // write is its own, which keeps the key's expiry (SET … KEEPTTL, Redis 6.0 and later).
-    let (format, other) = match redis.state_format {
-        StateFormat::Hash => ("hash", "packed"),
-        StateFormat::Packed => ("packed", "hash"),
-        StateFormat::PackedTtl => ("packed_ttl", "packed_ttl"),
+    let other = match redis.state_format {
+        StateFormat::Hash => StateFormat::Packed,
+        StateFormat::Packed => StateFormat::Hash,
+        StateFormat::PackedTtl => StateFormat::PackedTtl,
     };
+    let (format, other) = (redis.state_format.as_str(), other.as_str());
     let now = now_us().to_string();
     let decide = |format: &str, now: &str| {
         let mut cmd = redis::cmd("EVALSHA");

@@ -93,12 +93,9 @@ fn rates_that_do_not_divide_a_second_stay_exact() {
 #[test]
 fn state_is_exact_in_either_format_and_expires_only_once_full() {
     let p = BucketParams {
-        capacity: 10,
-        scale: 1_000_000,
-        num: 1,
         cost: 4,
-        kind: Kind::Bucket,
-    }; // 1 token/s
+        ..per_second(10, 1)
+    };
     for format in Format::ALL {
         let s = Script::writing(format);
         assert!(s.eval(&["k"], T0, &[p]).allowed);
@@ -149,12 +146,9 @@ fn state_is_exact_in_either_format_and_expires_only_once_full() {
 fn packed_ttl_keeps_the_expiry_while_it_covers_the_bucket_and_extends_it_when_not() {
     let s = Script::writing(Format::PackedTtl);
     let p = BucketParams {
-        capacity: 10,
-        scale: 1_000_000,
-        num: 1,
         cost: 4,
-        kind: Kind::Bucket,
-    }; // 1 token/s, 4 a request
+        ..per_second(10, 1)
+    };
     let look = || {
         let bytes: Vec<u8> = s.redis.cmd(&["GET", "k"]);
         let pttl: i64 = s.redis.cmd(&["PTTL", "k"]);
