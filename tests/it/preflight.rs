@@ -9,16 +9,24 @@ use std::process::Command;
 /// `--check --redis` on a config for `url` (password from RL_TEST_PREFLIGHT_PASSWORD when given):
 /// exit code and stdout.
 fn preflight(url: &str, password: Option<&str>, clock: &str) -> (i32, String) {
-    preflight_routes(
-        url,
-        password,
-        clock,
-        "{ name: a, upstream: \"127.0.0.1:2\" }",
-    )
+    preflight_routes(url, password, clock, ROUTE)
 }
+
+const ROUTE: &str = "{ name: a, upstream: \"127.0.0.1:2\" }";
 
 /// The same with one route, YAML.
 fn preflight_routes(url: &str, password: Option<&str>, clock: &str, route: &str) -> (i32, String) {
+    preflight_writing(url, password, clock, "packed", route)
+}
+
+/// The same writing buckets as `format`.
+fn preflight_writing(
+    url: &str,
+    password: Option<&str>,
+    clock: &str,
+    format: &str,
+    route: &str,
+) -> (i32, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("routes.yaml");
     let password_env = if password.is_some() {
@@ -30,7 +38,7 @@ fn preflight_routes(url: &str, password: Option<&str>, clock: &str, route: &str)
         &path,
         format!(
             "listen: \"127.0.0.1:1\"\nredis:\n  url: \"{url}\"{password_env}\n  clock: {clock}\n  \
-             state_format: packed\nroutes:\n  - {route}\n"
+             state_format: {format}\nroutes:\n  - {route}\n"
         ),
     )
     .unwrap();
@@ -72,6 +80,21 @@ fn every_check_passes_against_a_good_redis() {
     assert!(lines[3].contains("written as packed"), "{text}");
     assert!(lines[5].contains("peek.lua"), "{text}");
     assert!(lines[6].contains("TIME"), "{text}");
+}
+
+/// packed_ttl's second write is its own: it keeps the key's expiry, which needs `SET … KEEPTTL`.
+#[test]
+fn packed_ttl_checks_the_write_that_keeps_an_expiry() {
+    let redis = RedisServer::start();
+    let (code, text) = preflight_writing(&redis.url(), None, "redis", "packed_ttl", ROUTE);
+    assert_eq!(code, 0, "{text}");
+    let lines = redis_lines(&text);
+    assert!(lines.iter().all(|l| l.ends_with(": ok")), "{text}");
+    assert!(lines[3].contains("written as packed_ttl"), "{text}");
+    assert!(
+        lines[4].contains("its expiry kept (SET … KEEPTTL)"),
+        "{text}"
+    );
 }
 
 #[test]
