@@ -29,8 +29,8 @@
 --                    (negative: a refund) is taken whatever the bucket holds, going into debt
 --          and n limit numbers (1 to m), one per bucket
 --          Or nothing, when m is 1 and every request is a decision on that one limit (the usual
---          batch): each key is then a request of its own. Two arguments fewer per request is a
---          tenth of what Redis spends on a decision.
+--          batch): each key is then a request of its own. Two arguments fewer per request are a
+--          share of Redis's cost per decision worth saving (README, "Benchmarks").
 -- KEYS     every request's buckets, in order. On a Redis Cluster all of them share one slot.
 --
 -- Reply: `now` (the instant every request was decided at: a quota's boundary depends on it), then
@@ -380,8 +380,9 @@ local function refill(key, j)
 end
 
 -- The expiry `us` from now calls for, in whole milliseconds as text ('%d': below 2^53 Redis prints
--- them in full too) with the second of margin. Formatting costs more than a bucket's arithmetic,
--- and the requests of a batch mostly need the same one, so each is formatted once per call.
+-- them in full too) with the second of margin. Formatting is a measurable share of a
+-- decision (README, "Benchmarks"), and a batch's requests mostly need the same one: each is
+-- formatted once.
 local expiries = {}
 local function expiry(us, extra_ms)
   local ms = math.ceil(us / 1000) + 1000 + extra_ms
