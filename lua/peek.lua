@@ -1,5 +1,5 @@
 -- peek.lua: one bucket as token_bucket.lua would read it now, without writing anything (the admin
--- API's GET /v1/buckets). Either format is read, as the decision script reads both.
+-- API's GET /v1/buckets). Every format is read, as the decision script reads them all.
 --
 -- KEYS[1]  the bucket
 -- ARGV[1]  now, in microseconds since the Unix epoch; "" means "use Redis TIME"
@@ -38,10 +38,11 @@ local kind = redis.call('TYPE', key)['ok']
 local v, t, s, ok
 if kind == 'string' then
   local raw = redis.call('GET', key)
-  if #raw == 24 then
-    local a, b, c = struct.unpack('<ddd', raw)
+  -- packed (24 bytes), or packed_ttl (32: a fourth number, the instant the expiry covers).
+  if #raw == 24 or #raw == 32 then
+    local a, b, c, e = struct.unpack(#raw == 24 and '<ddd' or '<dddd', raw)
     v, t, s = whole(a), whole(b), whole(c)
-    ok = v ~= nil and t ~= nil and s ~= nil and s > 0
+    ok = v ~= nil and t ~= nil and s ~= nil and s > 0 and (e == nil or whole(e) ~= nil)
   end
 elseif kind == 'hash' then
   local h = redis.call('HMGET', key, 'v', 't', 's')

@@ -199,6 +199,13 @@ fn a_bucket_is_inspected_and_reset_on_redis_packed() {
     inspect_and_reset(crate::scenarios::Backend::Redis(redis), "packed");
 }
 
+/// The admin read knows the 32-byte value too: a packed_ttl bucket is no "full" bucket to it.
+#[test]
+fn a_bucket_is_inspected_and_reset_on_redis_packed_ttl() {
+    let redis = crate::support::redis::RedisServer::start();
+    inspect_and_reset(crate::scenarios::Backend::Redis(redis), "packed_ttl");
+}
+
 #[test]
 fn a_bucket_is_inspected_and_reset_in_memory() {
     inspect_and_reset(crate::scenarios::Backend::Memory, "-");
