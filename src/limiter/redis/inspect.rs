@@ -1,7 +1,7 @@
 //! The admin API's reads and resets of single buckets: rare, never on the request path, and
 //! outside the batches (each is its own command, within the decision budget or a second).
 
-use super::{classify, RedisLimiter, PEEK_LUA};
+use super::{classify, query_loading, RedisLimiter, PEEK_LUA};
 use crate::limiter::bucket::State;
 use crate::limiter::{Inspected, LimiterError};
 use redis::{Cmd, Script, Value};
@@ -63,18 +63,11 @@ impl RedisLimiter {
         cmd: &Cmd,
         script: Option<&str>,
     ) -> Result<Value, LimiterError> {
-        let topology = &self.caller.topology;
+        let topology = self.caller.topology.as_ref();
         let attempt = async {
-            match topology.query(cmd).await {
-                Err(e)
-                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    let mut load = redis::cmd("SCRIPT");
-                    load.arg("LOAD").arg(script.unwrap_or_default());
-                    topology.query(&load).await?;
-                    topology.query(cmd).await
-                }
-                other => other,
+            match script {
+                Some(script) => query_loading(topology, cmd, script).await,
+                None => topology.query(cmd).await,
             }
         };
         match tokio::time::timeout(self.timeout.max(Duration::from_secs(1)), attempt).await {

@@ -67,6 +67,31 @@ pub trait Topology: Send + Sync + 'static {
     }
 }
 
+/// `cmd`, an EVALSHA of `script`, loading the script first where the server does not know it (a
+/// restart, a failover, `SCRIPT FLUSH`). On a Cluster the load goes to the primaries the client
+/// knows and the call to the key's node: while a failover moves slots, the load can miss the node
+/// the call then reaches, so a second load follows a second NOSCRIPT (seen under the failover
+/// test).
+async fn query_loading(
+    topology: &dyn Topology,
+    cmd: &Cmd,
+    script: &str,
+) -> Result<Value, RedisError> {
+    let mut reply = topology.query(cmd).await;
+    for _ in 0..2 {
+        match &reply {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                let mut load = redis::cmd("SCRIPT");
+                load.arg("LOAD").arg(script);
+                topology.query(&load).await?;
+                reply = topology.query(cmd).await;
+            }
+            _ => break,
+        }
+    }
+    reply
+}
+
 /// A configuration the client library refuses (a bad URL, say): found at start.
 fn misconfigured(e: RedisError) -> LimiterError {
     LimiterError::Other(format!("redis configuration: {e}"))
@@ -200,24 +225,9 @@ impl Caller {
     async fn call(&self, jobs: &[batch::Job]) -> Result<Vec<i64>, LimiterError> {
         self.metrics.redis_batch(jobs.len());
         let cmd = self.command(jobs);
-        let mut reply = self.topology.query(&cmd).await;
-        // On a Cluster the load goes to the primaries the client knows and the call to the key's
-        // node: while a failover moves slots, the load can miss the node the call then reaches.
-        // A second load finds it (seen under the failover test).
-        for _ in 0..2 {
-            match &reply {
-                Err(e)
-                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    let mut load = redis::cmd("SCRIPT");
-                    load.arg("LOAD").arg(TOKEN_BUCKET_LUA);
-                    self.topology.query(&load).await.map_err(classify)?;
-                    reply = self.topology.query(&cmd).await;
-                }
-                _ => break,
-            }
-        }
-        let reply = reply.map_err(classify)?;
+        let reply = query_loading(self.topology.as_ref(), &cmd, TOKEN_BUCKET_LUA)
+            .await
+            .map_err(classify)?;
         let reply: Vec<i64> =
             redis::from_redis_value(reply).map_err(|e| LimiterError::Script(e.to_string()))?;
         let expected: usize = 1 + jobs.iter().map(batch::Job::reply_len).sum::<usize>();
