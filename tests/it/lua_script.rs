@@ -208,31 +208,30 @@ fn a_call_with_more_keys_than_lua_unpacks_at_once() {
     );
 }
 
-/// A fleet turning `state_format: packed` on has proxies writing each format for a while: a key
-/// changes type with the writer, and every write continues from what the other one left.
+/// A fleet turning `state_format: packed` or `packed_ttl` on has proxies writing each format for
+/// a while: a key changes type or length with the writer, and every write continues from what the
+/// other one left, whichever format wrote before it.
 #[test]
-fn hash_and_packed_writers_continue_each_others_buckets() {
+fn writers_of_every_format_continue_each_others_buckets() {
+    use Format::{Hash, Packed, PackedTtl};
     let s = Script::load();
-    let p = per_second(4, 1);
-    for (n, format) in [Format::Hash, Format::Packed, Format::Hash, Format::Packed]
-        .into_iter()
-        .enumerate()
-    {
+    let order = [
+        Hash, Packed, Hash, PackedTtl, Hash, Packed, PackedTtl, Packed,
+    ];
+    let p = per_second(order.len() as u64, 1);
+    for (n, format) in order.into_iter().enumerate() {
+        let left = order.len() as u64 - 1 - n as u64;
         let d = s.batch_in(format, &[(vec!["k"], vec![p])], T0).remove(0);
         assert!(d.allowed, "request {n}");
-        assert_eq!(
-            d.limits[0].remaining,
-            3 - n as u64,
-            "request {n} ({format:?})"
-        );
+        assert_eq!(d.limits[0].remaining, left, "request {n} ({format:?})");
         let kind: String = s.redis.cmd(&["TYPE", "k"]);
         assert_eq!(kind, type_of(format));
         assert_eq!(
             stored(&s.redis, "k"),
-            Some([(3 - n as u64) * 1_000_000, T0, 1_000_000])
+            Some([left * 1_000_000, T0, 1_000_000])
         );
     }
-    for format in [Format::Hash, Format::Packed] {
+    for format in Format::ALL {
         let d = s.batch_in(format, &[(vec!["k"], vec![p])], T0).remove(0);
         assert!(!d.allowed, "{format:?}: empty, whoever wrote it last");
     }
@@ -243,7 +242,7 @@ fn hash_and_packed_writers_continue_each_others_buckets() {
 #[test]
 fn a_hash_without_a_scale_is_read_in_the_limits_scale() {
     let p = per_second(3, 1);
-    for format in [Format::Hash, Format::Packed] {
+    for format in Format::ALL {
         let s = Script::writing(format);
         let t = T0.to_string();
         let _: () = s.redis.cmd(&["HSET", "k", "v", "1000000", "t", &t]);
