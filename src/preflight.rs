@@ -11,7 +11,7 @@
 //! on `rl:{--check}:inflight@inflight` (sorted-set commands an ACL must allow too).
 
 use crate::config::{ClockSource, RedisSettings, StateFormat};
-use crate::limiter::redis::{Topology, PEEK_LUA, RENEW_LUA, TOKEN_BUCKET_LUA};
+use crate::limiter::redis::{full_reply, Topology, PEEK_LUA, RENEW_LUA, TOKEN_BUCKET_LUA};
 use redis::{Cmd, ErrorKind, RedisError, Value};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -208,7 +208,8 @@ pub async fn check(redis: &RedisSettings, topology: &dyn Topology, leases: bool)
 fn admitted(reply: Value) -> Result<(), RedisError> {
     let values: Vec<i64> = redis::from_redis_value(reply)?;
     // After the call's `now`: the request's `allowed`.
-    match values.get(1) {
+    let full = full_reply(values.clone(), std::iter::once(1)).ok();
+    match full.as_deref().and_then(|full| full.get(1)) {
         Some(1) => Ok(()),
         _ => Err(RedisError::from((
             ErrorKind::Client,

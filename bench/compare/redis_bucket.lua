@@ -90,6 +90,10 @@ function M.allowed(key, capacity, scale, num, cost, redis_port)
     ngx.log(ngx.ERR, "redis: ", err)
     return true
   end
+  -- The compact reply of a usual request (`now`, then held or -(held + 1)), or the full one.
+  if #reply == 2 then
+    return reply[2] >= 0
+  end
   return reply[2] == 1
 end
 

@@ -3,7 +3,7 @@
 
 use crate::support::lua::{covered, pack, stored, type_of, unpack, Script, T0};
 use ratelimit_proxy::limiter::bucket::{evaluate, State};
-use ratelimit_proxy::limiter::redis::Format;
+use ratelimit_proxy::limiter::redis::{full_reply, Format};
 use ratelimit_proxy::limiter::{BucketParams, Decision, Kind, LimitState};
 use redis::Value;
 
@@ -206,6 +206,51 @@ fn a_call_with_more_keys_than_lua_unpacks_at_once() {
         [1_000 * 1_000_000, T0, 1_000_000],
         "9,000 of 10,000 taken"
     );
+}
+
+/// A call of usual requests (one limit, a packed bucket that ends at `now`) is answered with one
+/// integer per request; the first request that is not usual turns the whole reply full, the
+/// earlier ones rewritten, so that its length tells the two forms apart.
+#[test]
+fn usual_requests_are_answered_compactly_and_any_other_makes_the_reply_full() {
+    let s = Script::writing(Format::PackedTtl);
+    let p = per_second(2, 1);
+    let mut c = s.redis.connection().unwrap();
+    // Each key a request of its own, on the one limit, as the proxy sends a usual batch.
+    let call = |c: &mut redis::Connection, keys: &[&str], now: u64| -> Vec<i64> {
+        redis::cmd("EVALSHA")
+            .arg(&s.sha)
+            .arg(keys.len())
+            .arg(keys)
+            .arg(now)
+            .arg("packed_ttl")
+            .arg(1)
+            .arg(p.capacity)
+            .arg(p.scale)
+            .arg(p.num)
+            .arg(p.cost)
+            .query(c)
+            .unwrap()
+    };
+    // Held after each: 1 token, none, and refused holding none: -(0 + 1).
+    let t0 = T0 as i64;
+    assert_eq!(call(&mut c, &["a", "a", "a"], T0), [t0, 1_000_000, 0, -1]);
+    let expanded = full_reply(vec![t0, 1_000_000, 0, -1], [1, 1, 1].into_iter()).unwrap();
+    assert_eq!(
+        expanded,
+        [t0, 1, 1_000_000, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0],
+        "allowed, held, no lag, not bad"
+    );
+    // A hash bucket is not usual: the compact first answer is rewritten in full.
+    let t = T0.to_string();
+    let _: () = s.redis.cmd(&["HSET", "h", "v", "2000000", "t", &t, "s", "1000000"]);
+    assert_eq!(
+        call(&mut c, &["x", "h", "x"], T0),
+        [t0, 1, 1_000_000, 0, 0, 1, 1_000_000, 0, 0, 1, 0, 0, 0]
+    );
+    // Nor is a bucket whose instant is ahead of `now` (another proxy's clock): its lag is sent.
+    assert_eq!(call(&mut c, &["y"], T0 + 5_000_000), [t0 + 5_000_000, 1_000_000]);
+    assert_eq!(call(&mut c, &["y"], T0), [t0, 1, 0, 5_000_000, 0]);
 }
 
 /// A fleet turning `state_format: packed` or `packed_ttl` on has proxies writing each format for

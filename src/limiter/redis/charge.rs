@@ -2,7 +2,7 @@
 //! mode, on its own rather than in a batch (it is off the decision's path, and rare beside
 //! decisions), within the decision budget.
 
-use super::{limit_args, parse_reply, RedisLimiter, TOKEN_BUCKET_LUA};
+use super::{full_reply, limit_args, parse_reply, RedisLimiter, TOKEN_BUCKET_LUA};
 use crate::limiter::{Bucket, Decision, LimiterError};
 
 impl RedisLimiter {
@@ -46,6 +46,7 @@ impl RedisLimiter {
         };
         let reply: Vec<i64> =
             redis::from_redis_value(reply).map_err(|e| LimiterError::Script(e.to_string()))?;
+        let reply = full_reply(reply, std::iter::once(buckets.len()))?;
         let (&now, rest) = reply
             .split_first()
             .ok_or_else(|| LimiterError::Script("an empty reply".into()))?;

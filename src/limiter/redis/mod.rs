@@ -230,15 +230,7 @@ impl Caller {
             .map_err(classify)?;
         let reply: Vec<i64> =
             redis::from_redis_value(reply).map_err(|e| LimiterError::Script(e.to_string()))?;
-        let expected: usize = 1 + jobs.iter().map(batch::Job::reply_len).sum::<usize>();
-        if reply.len() != expected {
-            return Err(LimiterError::Script(format!(
-                "a reply of {} integers for {} requests that need {expected}",
-                reply.len(),
-                jobs.len()
-            )));
-        }
-        Ok(reply)
+        full_reply(reply, jobs.iter().map(|j| j.params.len()))
     }
 }
 
@@ -456,6 +448,34 @@ fn limit_args(cmd: &mut Cmd, p: &BucketParams, cost: i64) {
     cmd.arg(cost);
 }
 
+/// The script's reply in full: `now`, then for each request (`limits` gives how many limits each
+/// has) `allowed` and `held, lag_us, bad` per limit. A call whose requests were all the usual one
+/// is answered compactly, one integer per request (see the script's header): that is expanded
+/// here, so that everything after reads one shape.
+pub fn full_reply(
+    reply: Vec<i64>,
+    limits: impl Iterator<Item = usize> + Clone,
+) -> Result<Vec<i64>, LimiterError> {
+    let requests = limits.clone().count();
+    let expected = 1 + limits.clone().map(|n| 1 + 3 * n).sum::<usize>();
+    if reply.len() == expected {
+        return Ok(reply);
+    }
+    if reply.len() != 1 + requests || limits.clone().any(|n| n != 1) {
+        return Err(LimiterError::Script(format!(
+            "a reply of {} integers for {requests} requests that need {expected}",
+            reply.len(),
+        )));
+    }
+    let mut full = Vec::with_capacity(expected);
+    full.push(reply[0]);
+    for &x in &reply[1..] {
+        let (allowed, held) = if x >= 0 { (1, x) } else { (0, -(x + 1)) };
+        full.extend_from_slice(&[allowed, held, 0, 0]);
+    }
+    Ok(full)
+}
+
 /// A decision from one request's part of the script's reply `{allowed, then held, lag_us, bad
 /// per limit}` (see its header), decided at `now`: what clients see is derived with the in-memory
 /// store's own arithmetic. Also returns the buckets whose key held something else and was
@@ -529,6 +549,22 @@ mod tests {
             (3, 7_000_002, 2_000_002, 3_000_000, 2)
         );
         assert!(d.limits[0].ok);
+    }
+
+    #[test]
+    fn a_compact_reply_is_expanded_and_one_of_another_length_refused() {
+        // Admitted holding 5 units; refused holding 2.
+        assert_eq!(
+            full_reply(vec![9, 5, -3], [1, 1].into_iter()).unwrap(),
+            [9, 1, 5, 0, 0, 0, 2, 0, 0]
+        );
+        assert_eq!(
+            full_reply(vec![9, 1, 5, 0, 0], [1].into_iter()).unwrap(),
+            [9, 1, 5, 0, 0]
+        );
+        // The compact form is only ever sent for requests of one limit.
+        assert!(full_reply(vec![9, 5, 3], [1, 2].into_iter()).is_err());
+        assert!(full_reply(vec![9, 5, 3, 1], [1, 1].into_iter()).is_err());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! can be compared with `bucket::evaluate` field for field.
 
 use super::redis::RedisServer;
-use ratelimit_proxy::limiter::redis::{parse_reply, Format, TOKEN_BUCKET_LUA};
+use ratelimit_proxy::limiter::redis::{full_reply, parse_reply, Format, TOKEN_BUCKET_LUA};
 use ratelimit_proxy::limiter::{Bucket, BucketParams, Decision, Kind};
 use redis::Value;
 
@@ -82,16 +82,18 @@ impl Script {
             }
         }
         let mut c = self.redis.connection().unwrap();
-        let reply: Vec<Value> = cmd.query(&mut c).expect("EVALSHA of a batch");
+        let reply: Vec<i64> = cmd.query(&mut c).expect("EVALSHA of a batch");
+        let reply = full_reply(reply, requests.iter().map(|(_, limits)| limits.len()))
+            .unwrap_or_else(|e| panic!("{e}"));
         // After the call's `now`, which each request's part is given too.
         let mut at = 1;
         let decisions = requests
             .iter()
             .map(|(_, limits)| {
                 let len = 1 + 3 * limits.len();
-                let part = Value::Array([&reply[..1], &reply[at..at + len]].concat());
+                let part = [&reply[..1], &reply[at..at + len]].concat();
                 at += len;
-                decision(&part, limits)
+                decision_of(&part, limits)
             })
             .collect();
         assert_eq!(at, reply.len(), "a reply of exactly the batch's length");
@@ -255,6 +257,12 @@ pub fn decision(reply: &Value, limits: &[BucketParams]) -> Decision {
             other => panic!("every reply element must be an integer, got {other:?}"),
         })
         .collect();
+    let n = full_reply(n, std::iter::once(limits.len())).unwrap_or_else(|e| panic!("{e}"));
+    decision_of(&n, limits)
+}
+
+/// [`decision`] of a reply already in full.
+fn decision_of(n: &[i64], limits: &[BucketParams]) -> Decision {
     let buckets: Vec<Bucket<'_>> = limits
         .iter()
         .map(|p| Bucket {
