@@ -62,9 +62,10 @@
 --           it on only once every proxy reads it (README, "Upgrading a fleet to packed buckets").
 --   packed_ttl  a 32-byte string, struct.pack('<dddd', v, t, s, e): packed, and e, an instant (µs,
 --           on the writer's clock) that the key's expiry covers with its second of margin. A write
---           whose bucket will be full by e keeps the key's expiry (SET … KEEPTTL) instead of
---           setting it again (see put below). Versions before it read such a key as foreign, as
---           above; packed readers of this version and later read it.
+--           whose bucket will be full by e keeps the key's expiry (it overwrites the value in
+--           place, SETRANGE) instead of setting it again (see put below). Versions before it
+--           read such a key as foreign, as above; packed readers of this version and later read
+--           it.
 --   By hand: redis-cli EVAL "return {struct.unpack('<ddd', redis.call('GET', KEYS[1]))}" 1 KEY
 --            ('<dddd' for a 32-byte packed_ttl key)
 -- Units are exact integers: refill adds (elapsed µs × num) units, so no rounding is ever
@@ -306,6 +307,9 @@ local function refill(key, j)
     if type(gone) == 'table' and gone.err then
       redis.call('DEL', key)
       bad = 1
+      -- Not a bucket any more: a later request of the call reads it again (put overwrites
+      -- in place only what it knows to be a packed_ttl value).
+      known_kind[key], known_e[key] = nil, nil
     end
     local free = cap[j] - redis.call('ZCARD', key)
     if free < 0 then
@@ -401,9 +405,13 @@ end
 
 -- Writes a packed bucket, whose key must outlive `us` from now (and the second of margin).
 -- Writing packed_ttl, the value also records `e`, an instant the key's expiry is known to cover
--- (it was set to e + 1 s, on this proxy's clock). A write that needs no later one keeps the expiry
--- (SET … KEEPTTL: setting one costs Redis about as much as the SET itself); one that does sets it
--- SLACK_US further than it needs, so that the writes of the next seconds keep it.
+-- (it was set to e + 1 s, on this proxy's clock). A write that needs no later one keeps the expiry:
+-- setting one costs Redis about as much as the SET itself. It overwrites the 32 bytes in place
+-- (SETRANGE at 0), which keeps the expiry as SET … KEEPTTL would, costs Redis less and answers a
+-- number, where a SET's status reaches Lua as a table. `known_e` is set only for a key that holds
+-- a packed_ttl value now (read by the MGET or written by this call), so the write replaces all of
+-- it. A write that needs a later expiry sets it SLACK_US further than it needs, so that the writes
+-- of the next seconds keep it.
 -- Instants near 2^53 are not exact as doubles, so the comparisons are of spans from now.
 local SLACK_US = 5000000
 local function put(key, j, held, at, us)
@@ -411,7 +419,7 @@ local function put(key, j, held, at, us)
   if ttl then
     local e = known_e[key]
     if e and e - now >= us then
-      redis.call('SET', key, pack('<dddd', held, at, u, e), 'KEEPTTL')
+      redis.call('SETRANGE', key, '0', pack('<dddd', held, at, u, e))
     else
       -- Recorded within 2^53 (a bucket refilling over centuries may be full later): less than
       -- the expiry covers, never more.

@@ -97,7 +97,7 @@ pub async fn check(redis: &RedisSettings, topology: &dyn Topology, leases: bool)
 
     let key = format!("{}:{{--check}}:bucket", redis.key_prefix);
     // The second write reads the first as the other format's writers do; packed_ttl's second
-    // write is its own, which keeps the key's expiry (SET … KEEPTTL, Redis 6.0 and later).
+    // write is its own, which keeps the key's expiry (it overwrites the value in place, SETRANGE).
     let other = match redis.state_format {
         StateFormat::Hash => StateFormat::Packed,
         StateFormat::Packed => StateFormat::Hash,
@@ -129,7 +129,7 @@ pub async fn check(redis: &RedisSettings, topology: &dyn Topology, leases: bool)
     let later = (now_us() + 10).to_string();
     let read = query(decide(other, &later)).await.and_then(admitted);
     let again = if other == format {
-        "that bucket written again, its expiry kept (SET … KEEPTTL)".to_string()
+        "that bucket written again in place, its expiry kept (SETRANGE)".to_string()
     } else {
         format!("that bucket read as {other} writers read it")
     };

@@ -140,8 +140,8 @@ fn state_is_exact_in_either_format_and_expires_only_once_full() {
 }
 
 /// packed_ttl sets a key's expiry only when a write needs a later one than the value records, and
-/// then 5 s further than needed; the writes in between keep it (SET … KEEPTTL). Every write still
-/// leaves the key alive until its bucket is full again plus the 1 s margin.
+/// then 5 s further than needed; the writes in between keep it (SETRANGE in place). Every write
+/// still leaves the key alive until its bucket is full again plus the 1 s margin.
 #[test]
 fn packed_ttl_keeps_the_expiry_while_it_covers_the_bucket_and_extends_it_when_not() {
     let s = Script::writing(Format::PackedTtl);
@@ -167,7 +167,7 @@ fn packed_ttl_keeps_the_expiry_while_it_covers_the_bucket_and_extends_it_when_no
         T0 + 9_000_000,
         "the value still records the expiry set before"
     );
-    assert!(kept <= first, "KEEPTTL: PTTL {kept} after {first}");
+    assert!(kept <= first, "kept: PTTL {kept} after {first}");
     // Denied (3 < 4): nothing written.
     assert!(!s.eval(&["k"], T0 + 1_000_000, &[p]).allowed);
     // 0.5 s later: 3.5 held, 4 wanted: denied. 1 s later: 4, all taken: full at T0 + 12 s,

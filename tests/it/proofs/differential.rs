@@ -369,7 +369,7 @@ fn replay(s: &Script, h: &History) -> Result<(), TestCaseError> {
                 let mut slack = 0;
                 if s.format == Format::PackedTtl {
                     if pttl == -1 {
-                        // Kept (SET … KEEPTTL): the expiry set before must still cover the
+                        // Kept (SETRANGE in place): the expiry set before must still cover the
                         // bucket until it is full plus the margin.
                         let until = expiry[*k].expect("an expiry kept that was never set");
                         prop_assert!(
