@@ -259,8 +259,11 @@ end
 
 -- Writing packed, every key is read up front by one MGET (a hash reads as nil there, and is read
 -- as a hash when needed), and a later request of the batch reads what an earlier one wrote from
--- these tables, by key. Writing hashes, each read goes to Redis.
-local known_v, known_t, known_s, known_kind, known_e = {}, {}, {}, {}, {}
+-- `known`, by key: the string the key holds (unpacked where it is used: checked there, as one
+-- decision's read), false for no key, nil when not known (a hash, say). One table, not one per
+-- field: each table a call fills costs Redis its allocations and its growth, per key.
+-- Writing hashes, each read goes to Redis.
+local known = {}
 -- Lua unpacks at most a few thousand values at once: commands over many keys go in slices.
 local SLICE = 1000
 if packed then
@@ -270,16 +273,10 @@ if packed then
     local got = redis.call('MGET', unpack(KEYS, from, to))
     for i = from, to do
       local text = got[i - from + 1]
-      local key = KEYS[i]
       if text then
-        local v, t, s, e = unpacked(text)
-        if v then
-          known_v[key], known_t[key], known_s[key], known_kind[key], known_e[key] = v, t, s, 'packed', e
-        else
-          known_kind[key] = 'bad'
-        end
+        known[KEYS[i]] = text
       else
-        missing[#missing + 1] = key
+        missing[#missing + 1] = KEYS[i]
       end
     end
   end
@@ -289,7 +286,7 @@ if packed then
     local to = math.min(from + SLICE - 1, #missing)
     if redis.call('EXISTS', unpack(missing, from, to)) == 0 then
       for i = from, to do
-        known_kind[missing[i]] = 'none'
+        known[missing[i]] = false
       end
     end
   end
@@ -309,7 +306,7 @@ local function refill(key, j)
       bad = 1
       -- Not a bucket any more: a later request of the call reads it again (put overwrites
       -- in place only what it knows to be a packed_ttl value).
-      known_kind[key], known_e[key] = nil, nil
+      known[key] = nil
     end
     local free = cap[j] - redis.call('ZCARD', key)
     if free < 0 then
@@ -319,16 +316,19 @@ local function refill(key, j)
   end
   local held, at, was, kind
   if packed then
-    kind = known_kind[key]
-    if kind == nil then
+    local text = known[key]
+    if text == nil then
       -- Not a string: no key (a new client: one call) or a hash of the other format.
       if redis.call('TYPE', key).ok == 'none' then
         kind = 'none'
       else
         held, at, was, kind = stored(key)
       end
+    elseif text == false then
+      kind = 'none'
     else
-      held, at, was = known_v[key], known_t[key], known_s[key]
+      held, at, was = unpacked(text)
+      kind = held and 'packed' or 'bad'
     end
   else
     held, at, was, kind = stored(key)
@@ -383,7 +383,7 @@ local function refill(key, j)
     at = now
   end
   if packed and bad == 1 then
-    known_kind[key], known_e[key] = 'none', nil
+    known[key] = false
   end
   return held, at, bad, same, kind
 end
@@ -408,18 +408,19 @@ end
 -- (it was set to e + 1 s, on this proxy's clock). A write that needs no later one keeps the expiry:
 -- setting one costs Redis about as much as the SET itself. It overwrites the 32 bytes in place
 -- (SETRANGE at 0), which keeps the expiry as SET … KEEPTTL would, costs Redis less and answers a
--- number, where a SET's status reaches Lua as a table. `known_e` is set only for a key that holds
--- a packed_ttl value now (read by the MGET or written by this call), so the write replaces all of
--- it. A write that needs a later expiry sets it SLACK_US further than it needs, so that the writes
--- of the next seconds keep it.
+-- number, where a SET's status reaches Lua as a table. `e` comes only from a packed_ttl value the
+-- key holds now (read by the MGET or written by this call), so the write replaces all of it. A
+-- write that needs a later expiry sets it SLACK_US further than it needs, so that the writes of
+-- the next seconds keep it.
 -- Instants near 2^53 are not exact as doubles, so the comparisons are of spans from now.
 local SLACK_US = 5000000
-local function put(key, j, held, at, us)
+local function put(key, j, held, at, us, e)
   local u = unit[j]
+  local value
   if ttl then
-    local e = known_e[key]
     if e and e - now >= us then
-      redis.call('SETRANGE', key, '0', pack('<dddd', held, at, u, e))
+      value = pack('<dddd', held, at, u, e)
+      redis.call('SETRANGE', key, '0', value)
     else
       -- Recorded within 2^53 (a bucket refilling over centuries may be full later): less than
       -- the expiry covers, never more.
@@ -428,13 +429,14 @@ local function put(key, j, held, at, us)
       else
         e = now + us + SLACK_US
       end
-      redis.call('SET', key, pack('<dddd', held, at, u, e), 'PX', expiry(us, SLACK_US / 1000))
-      known_e[key] = e
+      value = pack('<dddd', held, at, u, e)
+      redis.call('SET', key, value, 'PX', expiry(us, SLACK_US / 1000))
     end
   else
-    redis.call('SET', key, pack('<ddd', held, at, u), 'PX', expiry(us, 0))
+    value = pack('<ddd', held, at, u)
+    redis.call('SET', key, value, 'PX', expiry(us, 0))
   end
-  known_v[key], known_t[key], known_s[key], known_kind[key] = held, at, u, 'packed'
+  known[key] = value
 end
 
 -- Writes the bucket at `key`, which now holds `held` units at instant `at` under limit j, with an
@@ -460,7 +462,13 @@ local function write(key, j, held, at, same, kind)
     us = math.ceil((cap[j] - held) / num[j]) + (at - now)
   end
   if packed then
-    put(key, j, held, at, us)
+    -- The instant the expiry covers, when the key holds a packed_ttl value (refill checked it).
+    local text = known[key]
+    local e
+    if text then
+      e = select(4, unpacked(text))
+    end
+    put(key, j, held, at, us, e)
     return
   end
   local ms = expiry(us, 0)
@@ -525,12 +533,21 @@ while (uniform and k < keys) or (not uniform and a <= args) do
   -- that case, step for step.
   local j = n == 1 and packed and (uniform and 1 or number[ARGV[a + 1]])
   local key = KEYS[k + 1]
-  local found = j and period[j] == nil and lease_ms[j] == nil and known_kind[key]
-  if found == 'none' or (found == 'packed' and known_s[key] == unit[j]) then
+  -- What the key holds: false for nothing, a string (usual when it is a bucket in the limit's
+  -- scale), nil when not usual.
+  local text
+  if j and period[j] == nil and lease_ms[j] == nil then
+    text = known[key]
+  end
+  local held, at, s, e
+  if text then
+    held, at, s, e = unpacked(text)
+  end
+  if text == false or (held and s == unit[j]) then
     local c = cap[j]
-    local held, at = c, now
-    if found == 'packed' then
-      held, at = known_v[key], known_t[key]
+    if text == false then
+      held, at = c, now
+    else
       if held > c then
         held = c
       end
@@ -551,7 +568,7 @@ while (uniform and k < keys) or (not uniform and a <= args) do
     if held >= cost[j] then
       allowed = 1
       held = held - cost[j]
-      put(key, j, held, at, math.ceil((c - held) / num[j]) + (at - now))
+      put(key, j, held, at, math.ceil((c - held) / num[j]) + (at - now), e)
     end
     if compact and at == now then
       r = r + 1
