@@ -243,14 +243,52 @@ fn usual_requests_are_answered_compactly_and_any_other_makes_the_reply_full() {
     );
     // A hash bucket is not usual: the compact first answer is rewritten in full.
     let t = T0.to_string();
-    let _: () = s.redis.cmd(&["HSET", "h", "v", "2000000", "t", &t, "s", "1000000"]);
+    let _: () = s
+        .redis
+        .cmd(&["HSET", "h", "v", "2000000", "t", &t, "s", "1000000"]);
     assert_eq!(
         call(&mut c, &["x", "h", "x"], T0),
         [t0, 1, 1_000_000, 0, 0, 1, 1_000_000, 0, 0, 1, 0, 0, 0]
     );
     // Nor is a bucket whose instant is ahead of `now` (another proxy's clock): its lag is sent.
-    assert_eq!(call(&mut c, &["y"], T0 + 5_000_000), [t0 + 5_000_000, 1_000_000]);
+    assert_eq!(
+        call(&mut c, &["y"], T0 + 5_000_000),
+        [t0 + 5_000_000, 1_000_000]
+    );
     assert_eq!(call(&mut c, &["y"], T0), [t0, 1, 0, 5_000_000, 0]);
+}
+
+/// A call that reads a key as a bucket, then finds it holds something else (a lease check deletes
+/// it and sets a lease), reads it again for a later request: the write that keeps an expiry
+/// overwrites in place only a value it knows to be a bucket (SETRANGE on the lease's sorted set
+/// would fail the whole call).
+#[test]
+fn a_key_a_lease_check_replaced_is_read_again_within_the_call() {
+    let s = Script::writing(Format::PackedTtl);
+    let p = per_second(3, 1);
+    // Written before the call, so that the call's first write keeps its expiry.
+    assert!(s.eval(&["k"], T0, &[p]).allowed);
+    let mut c = s.redis.connection().unwrap();
+    // Limit 1 the bucket, limit 2 a concurrency limit of 2; requests on limits 1, 2, 1.
+    let reply: Vec<i64> = redis::cmd("EVALSHA")
+        .arg(&s.sha)
+        .arg(3)
+        .arg(&["k", "k", "k"])
+        .arg(T0)
+        .arg("packed_ttl")
+        .arg(2)
+        .arg(&[p.capacity, p.scale, p.num, p.cost])
+        .arg(&["2", "1", "lease:10000:7", "1"])
+        .arg(&[1, 1, 1, 2, 1, 1])
+        .query(&mut c)
+        .unwrap();
+    let t0 = T0 as i64;
+    assert_eq!(
+        reply,
+        [t0, 1, 1_000_000, 0, 0, 1, 1, 0, 1, 1, 2_000_000, 0, 1],
+        "a token taken; the string was not a lease set (bad); the set was not a bucket (bad)"
+    );
+    assert_eq!(stored(&s.redis, "k"), Some([2_000_000, T0, 1_000_000]));
 }
 
 /// A fleet turning `state_format: packed` or `packed_ttl` on has proxies writing each format for

@@ -91,10 +91,7 @@ fn packed_ttl_checks_the_write_that_keeps_an_expiry() {
     let lines = redis_lines(&text);
     assert!(lines.iter().all(|l| l.ends_with(": ok")), "{text}");
     assert!(lines[3].contains("written as packed_ttl"), "{text}");
-    assert!(
-        lines[4].contains("its expiry kept (SETRANGE)"),
-        "{text}"
-    );
+    assert!(lines[4].contains("its expiry kept (SETRANGE)"), "{text}");
 }
 
 #[test]
