@@ -5,11 +5,14 @@
 # same commands sent without a script (SET … PX and GET, pipelined 8 deep).
 #
 # Issue 14's third target is Redis CPU per decision; bench/compare.sh measures it under the proxy.
-# This isolates Redis: redis-benchmark drives it (8 connections, 10,000 keys, packed buckets), so
+# This isolates Redis: redis-benchmark drives it (8 connections, 10,000 keys, FORMAT buckets), so
 # the figures say what any client would cost it. CPU time is less disturbed by a busy machine than
 # throughput, but a shared VM still moves it by a tenth or so: compare within one run.
 #
 #   bench/redis_cpu.sh
+#   SCRIPTS="old.lua lua/token_bucket.lua" BATCHES="8 32" bench/redis_cpu.sh   # two scripts side by side
+#
+# FORMAT is the state_format the script writes (default packed_ttl); BATCHES the call sizes.
 #
 # Needs redis-server and redis-benchmark.
 set -euo pipefail
@@ -49,10 +52,10 @@ measure() {
 }
 
 echo "Redis CPU µs per decision, $(redis-server --version | awk '{print $3}'), $(nproc) CPUs:"
-for script in lua/token_bucket.lua bench/redis_floor.lua; do
+for script in ${SCRIPTS:-lua/token_bucket.lua bench/redis_floor.lua}; do
     sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$script")")
-    for batch in 1 8 32; do
-        keys=() args=(packed 1 1000000000 1000000 1 1)
+    for batch in ${BATCHES:-1 8 32}; do
+        keys=() args=("${FORMAT:-packed_ttl}" 1 1000000000 1000000 1 1)
         for ((i = 0; i < batch; i++)); do
             keys+=("rl:{bench}:__rand_int__")
             args+=(1 1)
