@@ -9,13 +9,15 @@
 #   1. closed-loop throughput and latency of every contender below at each of CONNECTIONS, with
 #      each contender's own CPU per request, Redis round trips, commands and CPU per request;
 #   2. latency at a fixed rate, half the peak of "proxy, Redis" at c=PACED_C, for the proxy with
-#      and without limits, nginx proxy_pass and nginx+Lua (oha -q, latency-corrected), and the plot;
+#      and without limits, bare Pingora, nginx proxy_pass and nginx+Lua (oha -q, latency-corrected),
+#      each beside a probe timing Redis round trips (bench/redis_rtt.py), and the plot;
 #   3. Redis memory per bucket, and the proxy's resident memory at RSS_KEYS distinct clients of the
 #      embedded store;
 #   4. the performance targets, each with this run's figure and met / missed.
 #
 # Optional environment: CONNECTIONS (wrk -c values, default "16 64 256"), ROUNDS (default 2: see
-# "Order" below), DURATION seconds per window (5), PACED_C (64), RSS_KEYS (1000000; 0 skips),
+# "Order" below), DURATION seconds per window (5), PACED_C (64), RTT_RATE (the probe's PINGs a
+# second, 1000), RSS_KEYS (1000000; 0 skips),
 # REDIS_KEYS (clients for the Redis memory figure, 100000), REV
 # (commit to build, default HEAD, from a `git archive` snapshot so that uncommitted edits in the
 # shared checkout neither break the build nor slip into the numbers; REV=worktree builds the
@@ -236,6 +238,13 @@ redis_calls() {
         /^cmdstat_/ && $1 != "cmdstat_info" { all += $3 }
         $1 == "cmdstat_evalsha" || $1 == "cmdstat_eval" { ev += $3 }
         END { print all + 0, ev + 0 }'
+}
+
+# Calls of the script and the microseconds Redis spent running them (EVALSHA + EVAL).
+redis_script_time() {
+    redis-cli -p "$REDIS_PORT" INFO commandstats | tr -d '\r' | awk -F'[:=,]' '
+        $1 == "cmdstat_evalsha" || $1 == "cmdstat_eval" { calls += $3; usec += $5 }
+        END { print calls + 0, usec + 0 }'
 }
 
 # --- one certificate for both TLS terminators ----------------------------------------------------
@@ -556,7 +565,7 @@ awk_median='
 PACED_C=${PACED_C:-64}
 paced_contenders=()
 for c in "${contenders[@]}"; do
-    case ${c%%|*} in "nginx proxy_pass" | "nginx+Lua EVALSHA" | "proxy, no limits" | "proxy, Redis" | \
+    case ${c%%|*} in "nginx proxy_pass" | "nginx+Lua EVALSHA" | "bare Pingora" | "proxy, no limits" | "proxy, Redis" | \
         "baseline: proxy, no limits" | "baseline: proxy, Redis") paced_contenders+=("$c") ;; esac
 done
 peak=$(awk -F'\t' -v c="$PACED_C" '$1 == c && $2 == "proxy, Redis" { print $3 }' "$results" | sort -n |
@@ -566,17 +575,30 @@ paced=$work/paced.tsv
 rate=0
 if [[ -n $peak && ${#paced_contenders[@]} -gt 0 ]]; then
     rate=$((peak / 2))
-    paced_window() { # paced_window CONTENDER_LINE: appends "name rps p50 p90 p99 p99.9 success" (seconds)
-        local name url
+    # Beside every window, PINGs to the Redis at RTT_RATE/s: what one Redis round trip costs on
+    # this box at this load (the same small extra load for every contender).
+    RTT_RATE=${RTT_RATE:-1000}
+    # paced_window CONTENDER_LINE: appends "name rps p50 p90 p99 p99.9 success ping_p50 ping_p90
+    # ping_p99 ping_p99.9 script_calls script_usec" (latencies in seconds)
+    paced_window() {
+        local name url probe script_before script_after
         IFS='|' read -r name url _ <<<"$1"
+        script_before=$(redis_script_time)
+        python3 bench/redis_rtt.py "$REDIS_PORT" "$DURATION" "$RTT_RATE" >"$work/rtt.out" 2>&1 &
+        probe=$!
         oha -z "${DURATION}s" -q "$rate" -c "$PACED_C" --latency-correction --no-tui --output-format json \
             -H "X-Api-Key: k1" "$url" >"$work/oha.json" 2>"$work/oha.err" ||
             die "oha failed on $name: $(cat "$work/oha.err")"
-        python3 - "$name" "$work/oha.json" >>"$paced" <<'PY'
+        wait "$probe" || die "the Redis round-trip probe failed: $(cat "$work/rtt.out")"
+        script_after=$(redis_script_time)
+        python3 - "$name" "$work/oha.json" "$work/rtt.out" "$script_before" "$script_after" >>"$paced" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[2]))
 p, s = d["latencyPercentiles"], d["summary"]
-print("\t".join([sys.argv[1], "%.0f" % s["requestsPerSec"]] + ["%.6f" % (p[k] or 0) for k in ("p50", "p90", "p99", "p99.9")] + ["%.4f" % s["successRate"]]))
+ping = open(sys.argv[3]).read().split()[:4]
+before, after = (list(map(int, a.split())) for a in sys.argv[4:6])
+script = [str(after[0] - before[0]), str(after[1] - before[1])]
+print("\t".join([sys.argv[1], "%.0f" % s["requestsPerSec"]] + ["%.6f" % (p[k] or 0) for k in ("p50", "p90", "p99", "p99.9")] + ["%.4f" % s["successRate"]] + ping + script))
 PY
         log "paced $rate/s $name: $(tail -1 "$paced" | cut -f2-)"
     }
@@ -658,20 +680,33 @@ proxy_decisions=$(curl -fsS "http://$PROXY_ADMIN/metrics" | awk '
     index($1, "ratelimit_deny_cache_hits_total{") == 1 && $2 > 0 { printf "%sdeny cache hits %d", sep, $2; sep = ", " }')
 
 # Fixed-rate: medians over the windows, per contender (µs), and the pairs' differences.
-paced_table=$(awk -F'\t' "$awk_median"'
+paced_table=$(awk -F'\t' -v duration="$DURATION" "$awk_median"'
     {
         if (!($1 in n)) order[++rows] = $1
         n[$1]++; rps[$1] = rps[$1] " " $2
         for (f = 3; f <= 6; f++) lat[$1, f] = lat[$1, f] " " $f * 1e6
         if (!($1 in ok) || $7 < ok[$1]) ok[$1] = $7
+        for (f = 8; f <= 11; f++) lat[$1, f] = lat[$1, f] " " $f * 1e6
+        calls[$1] += $12; usec[$1] += $13; served[$1] += $2 * duration
     }
     END {
         for (i = 1; i <= rows; i++) {
             k = order[i]
-            printf "| %s | %d | %d | %d | %d | %d | %d | %.2f %% |\n", k, n[k], median(rps[k]),
-                median(lat[k, 3]), median(lat[k, 4]), median(lat[k, 5]), median(lat[k, 6]), 100 * ok[k]
-            for (f = 3; f <= 6; f++) med[k, f] = median(lat[k, f])
+            script = calls[k] ? sprintf("%.1f | %.1f", usec[k] / calls[k], served[k] / calls[k]) : "– | –"
+            printf "| %s | %d | %d | %d | %d | %d | %d | %.2f %% | %d | %d | %s |\n", k, n[k], median(rps[k]),
+                median(lat[k, 3]), median(lat[k, 4]), median(lat[k, 5]), median(lat[k, 6]), 100 * ok[k],
+                median(lat[k, 8]), median(lat[k, 10]), script
+            for (f = 3; f <= 10; f++) med[k, f] = median(lat[k, f])
         }
+        # What bounds the check'"'"'s added latency: one Redis round trip at this load (PING) and the
+        # script'"'"'s own time per call, while the proxy decides on Redis; what Pingora alone adds.
+        if ("proxy, Redis" in n)
+            printf "FLOOR\t%d\t%d\t%.1f\t%.1f\n", med["proxy, Redis", 8], med["proxy, Redis", 10],
+                calls["proxy, Redis"] ? usec["proxy, Redis"] / calls["proxy, Redis"] : 0,
+                calls["proxy, Redis"] ? served["proxy, Redis"] / calls["proxy, Redis"] : 0 > "/dev/stderr"
+        if ("bare Pingora" in n && "nginx proxy_pass" in n)
+            printf "PINGORA\t%d\t%d\t%d\t%d\n", med["bare Pingora", 3], med["bare Pingora", 5],
+                med["nginx proxy_pass", 3], med["nginx proxy_pass", 5] > "/dev/stderr"
         # A difference only where both of its pair ran (empty otherwise: no target is judged).
         for (f = 3; f <= 6; f++) {
             ours = ("proxy, Redis" in n && "proxy, no limits" in n) ? int(med["proxy, Redis", f] - med["proxy, no limits", f]) : ""
@@ -679,7 +714,11 @@ paced_table=$(awk -F'\t' "$awk_median"'
             printf "ADDED\t%s\t%s\t%s\n", f, ours, lua > "/dev/stderr"
         }
     }' "$paced" 2>"$work/added.tsv")
-added() { awk -F'\t' -v f="$1" -v col="$2" '$2 == f { print $col }' "$work/added.tsv"; }
+added() { awk -F'\t' -v f="$1" -v col="$2" '$1 == "ADDED" && $2 == f { print $col }' "$work/added.tsv"; }
+# floor FIELD: the Redis round trip (PING p50, p99 µs), the script's µs per call, requests per call
+floor() { awk -F'\t' -v col="$(($1 + 1))" '$1 == "FLOOR" { print $col }' "$work/added.tsv"; }
+# pingora FIELD: bare Pingora p50, p99, nginx proxy_pass p50, p99 (µs) at the fixed rate
+pingora() { awk -F'\t' -v col="$(($1 + 1))" '$1 == "PINGORA" { print $col }' "$work/added.tsv"; }
 
 # The latency plot: percentiles of the fixed-rate runs, one line per contender.
 plot=${out%.md}-latency.png
@@ -711,11 +750,13 @@ EOF
 fi
 
 # Targets, from this run (issue 14's, and the earlier ones still held).
-targets=$(awk -F'\t' -v added_p50="$(added 3 3)" -v added_p99="$(added 5 3)" -v c="$PACED_C" -v tick="$TICK" "$awk_median"'
+targets=$(awk -F'\t' -v added_p50="$(added 3 3)" -v added_p99="$(added 5 3)" -v c="$PACED_C" \
+    -v ping_p50="$(floor 1)" -v ping_p99="$(floor 2)" -v script_call="$(floor 3)" -v per_call="$(floor 4)" \
+    -v bare_p50="$(pingora 1)" -v bare_p99="$(pingora 2)" -v pass_p50="$(pingora 3)" -v pass_p99="$(pingora 4)" -v tick="$TICK" "$awk_median"'
     { all[$1, $2] = all[$1, $2] " " $3; if (!($1 in seen)) { seen[$1] = 1; cs[++ncs] = $1 } }
     $1 == c { rps[$2] = rps[$2] " " $3; req[$2] += $8; bad[$2] += $6; evals[$2] += $10; windows[$2]++; ticks[$2] += $12; rcpu[$2] += $13 }
     function verdict(ok) { return ok ? "met" : "**missed**" }
-    function cpu(k) { return 1e6 * ticks[k] / tick / req[k] }
+    function cpu(k) { return req[k] ? 1e6 * ticks[k] / tick / req[k] : 0 }
     END {
         redis = median(rps["proxy, Redis"]); lua = median(rps["nginx+Lua EVALSHA"]); pass = median(rps["nginx proxy_pass"])
         hot = median(rps["proxy, Redis, hot key"]); lr = median(rps["nginx limit_req, hot key"])
@@ -736,8 +777,17 @@ targets=$(awk -F'\t' -v added_p50="$(added 3 3)" -v added_p99="$(added 5 3)" -v 
             want = cs[i] == c ? 1.5 : 1.25
             if (x && y) printf "| 4. allowed path vs nginx+Lua EVALSHA, c=%s | ≥ %.2f× | %.2f× | %s |\n", cs[i], want, x / y, verdict(x / y >= want)
         }
+        # The bound on target 4: with Redis the proxy forwards as it does without limits, plus the
+        # check; a check that cost nothing would reach the no-limit route'"'"'s ratio.
+        if (free && lua && req["proxy, Redis"] && req["proxy, no limits"])
+            printf "| 4. the ceiling: no limits vs nginx+Lua EVALSHA, c=%s | (the bound) | %.2f×; the check costs %.1f µs of proxy CPU + %.1f µs of Redis CPU per decision, forwarding %.1f µs (bare Pingora %.1f, nginx proxy_pass %.1f) | – |\n", c, free / lua, cpu("proxy, Redis") - cpu("proxy, no limits"), 1e6 * rcpu["proxy, Redis"] / req["proxy, Redis"], cpu("proxy, no limits"), cpu("bare Pingora"), cpu("nginx proxy_pass")
         if (added_p50 != "") printf "| 5. check added at half of peak, p50 | ≤ 150 µs | %d µs | %s |\n", added_p50, verdict(added_p50 <= 150)
         if (added_p99 != "") printf "| 5. check added at half of peak, p99 | ≤ 500 µs | %d µs | %s |\n", added_p99, verdict(added_p99 <= 500)
+        # The floor under target 5: a decision waits at least for one call, i.e. a round trip at
+        # this load (a PING beside the proxy'"'"'s calls, queued behind any script running) plus its
+        # own call'"'"'s script time.
+        if (ping_p50 != "") printf "| 5. one Redis round trip at this load (PING beside the proxy'"'"'s calls), p50 / p99 | (the floor) | %d / %d µs; the script: %.1f µs per call of %.1f requests | – |\n", ping_p50, ping_p99, script_call, per_call
+        if (bare_p50 != "") printf "| 5. bare Pingora at this rate, p50 / p99 | (reported) | %d / %d µs (nginx proxy_pass: %d / %d) | – |\n", bare_p50, bare_p99, pass_p50, pass_p99
         if (hot && lr) printf "| 6. hot key (deny cache) vs nginx limit_req rejecting | ≥ 1.0× | %.2f× | %s |\n", hot / lr, verdict(hot / lr >= 1)
         # What Pingora alone costs to answer 429: the floor under target 6.
         refusing = median(rps["bare Pingora, refusing"])
@@ -828,10 +878,13 @@ fail-open) in nginx+Lua: $lua_failures; the Redis proxy's decisions: ${proxy_dec
 $(if [[ -s $paced ]]; then cat <<EOT
 \`oha -z ${DURATION}s -q $rate -c $PACED_C --latency-correction\` (one X-Api-Key), $rate req/s being half the median
 peak of "proxy, Redis" at c=$PACED_C above; $((2 * ROUNDS)) windows per contender, alternating as above. Latencies in
-µs, medians over the windows.
+µs, medians over the windows. Beside every window, \`bench/redis_rtt.py\` sends $RTT_RATE PINGs a second to the
+Redis and times each round trip (**Redis PING**): what one call costs on this box at this load, queued behind
+whatever script Redis runs at the time. **script µs/call**: Redis's own time in EVALSHA per call (INFO
+commandstats), and the requests each call decided.
 
-| contender | windows | req/s | p50 | p90 | p99 | p99.9 | success (min) |
-|---|---|---|---|---|---|---|---|
+| contender | windows | req/s | p50 | p90 | p99 | p99.9 | success (min) | Redis PING p50 | Redis PING p99 | script µs/call | requests/call |
+|---|---|---|---|---|---|---|---|---|---|---|---|
 ${paced_table}
 
 Added by the check (proxy, Redis − proxy, no limits): p50 $(added 3 3) µs, p90 $(added 4 3) µs, p99 $(added 5 3) µs,
