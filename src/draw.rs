@@ -16,6 +16,9 @@ pub struct RequestFacts<'a> {
     /// As sent, without the `?`.
     pub query: Option<&'a str>,
     pub headers: &'a HeaderMap,
+    /// What the request reserves of each of the route's limits beside its cost (`reserve`), by
+    /// the limit's index; empty when none does.
+    pub reserved: &'a [u64],
 }
 
 impl RequestFacts<'_> {
@@ -113,9 +116,17 @@ pub fn draws(route: &RoutePlan, facts: &RequestFacts<'_>) -> Draws {
         } else {
             &mut enforced
         };
+        let reserved = facts.reserved.get(i).copied().unwrap_or(0);
+        let (mut params, mut local) = (limit.params, limit.local);
+        if reserved > 0 {
+            // Validation keeps cost + reserve_max within the capacity; a proxy's local share
+            // may be smaller, and takes what it can.
+            params.cost += reserved;
+            local.cost = (local.cost + reserved).min(local.capacity.max(local.cost));
+        }
         draw.keys.push(route.keys.key(i, &parts));
-        draw.params.push(limit.params);
-        draw.local.push(limit.local);
+        draw.params.push(params);
+        draw.local.push(local);
         draw.limits.push(i);
     }
     Draws::Buckets { enforced, shadow }

@@ -35,8 +35,12 @@ pub fn route_table(config: &Config) -> String {
                 l.cost,
                 match &l.charge {
                     Some(c) => format!(
-                        " up front, then what the response reports in {}{}",
-                        c.from,
+                        " up front{}, then what the response reports in {}{}",
+                        match &l.reserve {
+                            Some(r) => format!(" plus what the request reserves in {r}"),
+                            None => String::new(),
+                        },
+                        c,
                         if c.refund_unused {
                             " (unused refunded)"
                         } else {

@@ -2,7 +2,7 @@
 //! its concurrency leases (released in the logging phase, `Gate::release`), and the usage its
 //! limits with `charge_from_response` charge beyond the up-front cost (`Gate::settle`).
 
-use crate::config::{Charge, UsageSource};
+use crate::config::{Charge, Term};
 use crate::draw::Draw;
 use crate::limiter::{Bucket, BucketParams, Kind};
 use crate::plan::RoutePlan;
@@ -49,11 +49,17 @@ impl Held {
         !(self.store.is_empty() && self.local.is_empty())
     }
 
-    /// Whether a charge from a source like this is still to settle.
-    pub fn owes(&self, source: impl Fn(&UsageSource) -> bool) -> bool {
+    /// Whether a charge like this is still to settle.
+    pub fn owes(&self, charge: impl Fn(&Charge) -> bool) -> bool {
+        self.owed.iter().any(|o| !o.settled && charge(&o.charge))
+    }
+
+    /// The terms of the charges still to settle.
+    pub fn terms(&self) -> impl Iterator<Item = &Term> {
         self.owed
             .iter()
-            .any(|o| !o.settled && source(&o.charge.from))
+            .filter(|o| !o.settled)
+            .flat_map(|o| &o.charge.terms)
     }
 
     /// The charges owed by `draw`'s buckets, which were just granted to a request that goes on
@@ -68,6 +74,11 @@ impl Held {
                 self.owed.push(Owed {
                     key: key.clone(),
                     params: *p,
+                    // Drawn beyond the limit's own cost: the request's reservation.
+                    reserved: p.cost.saturating_sub(match local {
+                        true => limit.local.cost,
+                        false => limit.params.cost,
+                    }),
                     limit: i,
                     charge: charge.clone(),
                     local,
@@ -127,8 +138,10 @@ impl Lease {
 /// A limit to charge once the response reports what the request used.
 pub(crate) struct Owed {
     pub(crate) key: String,
-    /// The limit's, with its up-front `cost`.
+    /// The limit's, with what was drawn up front as its `cost`: the limit's own and `reserved`.
     pub(crate) params: BucketParams,
+    /// What the request reserved beside the limit's cost (`reserve`), settled by its usage.
+    pub(crate) reserved: u64,
     /// The route's index of the limit.
     pub(crate) limit: usize,
     pub(crate) charge: Charge,
@@ -140,8 +153,9 @@ pub(crate) struct Owed {
 }
 
 impl Owed {
-    /// What is left to charge when the response reported `used` (`None`: it did not say; the
-    /// up-front cost stands): the difference, or nothing when it used less and no refund is due.
+    /// What is left to charge when the response reported `used` (`None`: it did not say; what
+    /// was drawn up front stands). The limit is charged `used` in all, but never less than its
+    /// own cost unless it refunds the unused part: the reservation is always settled.
     pub(crate) fn amount(&self, used: Option<u64>) -> Option<i64> {
         let Some(used) = used else {
             if let Some((_, unreported)) = &self.counters {
@@ -152,10 +166,14 @@ impl Owed {
         if let Some((charged, _)) = &self.counters {
             charged.inc_by(used);
         }
-        let more = i64::try_from(used)
-            .unwrap_or(i64::MAX)
-            .saturating_sub(self.params.cost as i64);
-        (more > 0 || (more < 0 && self.charge.refund_unused)).then_some(more)
+        let own = self.params.cost.saturating_sub(self.reserved);
+        let total = match self.charge.refund_unused {
+            true => used,
+            false => used.max(own),
+        };
+        let more = i128::from(total) - i128::from(self.params.cost);
+        let more = more.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
+        (more != 0).then_some(more)
     }
 }
 

@@ -5,7 +5,7 @@
 use crate::client::ClientIdentity;
 use crate::config::{
     Allow, Allowance, Charge, Config, DenyResponse, DuplicateKeyHeader, EscapedSlashes, FailMode,
-    HealthCheck, KeySource, Limit, MissingKey, Route, UpstreamTimeouts,
+    HealthCheck, KeySource, Limit, MissingKey, Reserve, Route, UpstreamTimeouts,
 };
 use crate::headers::RouteHeaders;
 use crate::key::KeyPlan;
@@ -33,6 +33,8 @@ pub struct LimitPlan {
     pub inflight: Option<IntGauge>,
     /// Where the response reports the usage to charge, if it does.
     pub charge: Option<Charge>,
+    /// What a request reserves from its body beside the cost, if it does.
+    pub reserve: Option<Reserve>,
     /// `ratelimit_usage_charged_total` and `ratelimit_usage_unreported_total`, when charged.
     pub usage: Option<(IntCounter, IntCounter)>,
 }
@@ -42,6 +44,13 @@ pub struct RoutePlan {
     /// A limit refunds unused usage: tokens can come back through another proxy, so the deny
     /// cache, which assumes they only go, is not used for the route.
     pub refunds: bool,
+    /// A limit is charged from the response: the request is proxied through a relay that reads
+    /// the answer to its end whatever the client does (`relay`).
+    pub relayed: bool,
+    /// The request body is read before the decision: a limit reserves from it, or it may be
+    /// rewritten (`stream_usage`).
+    pub reads_body: bool,
+    pub stream_usage: bool,
     pub upstreams: Arc<UpstreamPool>,
     /// What each upstream of the pool is sent requests with (scheme, TLS, timeouts), by index.
     pub peers: Vec<HttpPeer>,
@@ -152,14 +161,18 @@ impl Plan {
                                     .is_lease()
                                     .then(|| metrics.inflight(&r.name, &l.name)),
                                 charge: l.charge.clone(),
+                                reserve: l.reserve.clone(),
                                 usage: l.charge.as_ref().map(|_| metrics.usage(&r.name, &l.name)),
                             }
                         })
                         .collect(),
-                    refunds: r
-                        .limits
-                        .iter()
-                        .any(|l| l.charge.as_ref().is_some_and(|c| c.refund_unused)),
+                    // A settled reservation gives back what was not used.
+                    refunds: r.limits.iter().any(|l| {
+                        l.reserve.is_some() || l.charge.as_ref().is_some_and(|c| c.refund_unused)
+                    }),
+                    relayed: r.limits.iter().any(|l| l.charge.is_some()),
+                    reads_body: r.stream_usage || r.limits.iter().any(|l| l.reserve.is_some()),
+                    stream_usage: r.stream_usage,
                     single_headers: single_headers(r),
                     preserve_raw_path: r.preserve_raw_path,
                     headers: RouteHeaders::new(r),

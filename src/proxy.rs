@@ -4,7 +4,7 @@
 use crate::answer;
 use crate::canonical::{self, Refused, Rewrite};
 use crate::clock::SystemClock;
-use crate::config::UsageSource;
+use crate::config::{Charge, UsageSource};
 use crate::gate::{Asking, Gate, Verdict};
 use crate::head_room;
 use crate::headers;
@@ -12,6 +12,7 @@ use crate::held::Held;
 use crate::limiter::{Decision, Limiter};
 use crate::metrics::{Closed, Metrics, Outcome};
 use crate::plan::{Plan, RoutePlan};
+use crate::relay::{self, Relayed};
 use crate::reload::LivePlan;
 use crate::usage::{self, Reported};
 use async_trait::async_trait;
@@ -22,6 +23,7 @@ use pingora::prelude::*;
 use pingora::proxy::FailToProxy;
 use pingora::upstreams::peer::Peer;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 pub struct RateLimitProxy<L> {
@@ -61,6 +63,18 @@ pub struct RequestCtx {
     held: Held,
     /// What the response reported of its usage so far.
     reported: Reported,
+    /// Set in a relay's inner leg (`relay`): the outer leg decided and counts.
+    inner: Option<Inner>,
+}
+
+/// What a relay's inner leg knows of the client, whose connection it does not have.
+struct Inner {
+    client: Option<IpAddr>,
+    tls: bool,
+    /// The client asked for trailers over HTTP/2 (gRPC): the inner leg's HTTP/1.1 head loses
+    /// `te: trailers` on its way to an HTTP/2 upstream, which it must then be told again.
+    te_trailers: bool,
+    gone: Arc<AtomicBool>,
 }
 
 #[async_trait]
@@ -71,7 +85,26 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         RequestCtx::default()
     }
 
+    fn allow_spawning_subrequest(&self, session: &Session, _ctx: &RequestCtx) -> bool {
+        // A relay's outer leg spawns its inner one, which spawns none.
+        session.subrequest_ctx.is_none()
+    }
+
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        if let Some(relayed) = relay::take(session) {
+            ctx.plan = Some(relayed.plan);
+            ctx.route = Some(relayed.route);
+            ctx.rewrite = relayed.rewrite;
+            ctx.held = relayed.held;
+            ctx.decision = relayed.decision;
+            ctx.inner = Some(Inner {
+                client: relayed.client,
+                tls: relayed.tls,
+                te_trailers: relayed.te_trailers,
+                gone: relayed.gone,
+            });
+            return Ok(false);
+        }
         let plan = self.plan.load_full();
         if session.req_header().version == http::Version::HTTP_2 {
             host_from_authority(session.req_header_mut())?;
@@ -114,36 +147,13 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         if route.limits.is_empty() {
             return Ok(false);
         }
-
-        let peer = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map(|a| a.ip());
-        let forwarded = req
-            .headers
-            .get_all(&X_FORWARDED_FOR)
-            .iter()
-            .map(|v| v.as_bytes());
-        let asking = Asking {
-            client: peer.map(|p| plan.client.client(p, forwarded)),
-            method: req.method.as_str(),
-            path: &request.target.path,
-            query: request.target.query,
-            headers: &req.headers,
-        };
-        let (verdict, held) = self.gate.admit(route, &asking).await;
-        ctx.held = held;
-        ctx.outcome = Some(verdict.outcome());
-        match verdict {
-            Verdict::Pass(_, decision) => {
-                ctx.decision = decision;
-                Ok(false)
-            }
-            refused => {
-                answer::refusal(session, route, refused).await?;
-                Ok(true)
-            }
+        if route.reads_body {
+            // The head's borrows end here: the body is read, then the head looked at again.
+            return self.decide_with_body(session, ctx).await;
         }
+        let asking = asking(plan, session, &request, &[]);
+        let (verdict, held) = self.gate.admit(route, &asking).await;
+        self.answer(session, ctx, verdict, held, None).await
     }
 
     async fn upstream_peer(
@@ -172,10 +182,13 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        let peer = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map(|a| a.ip().to_canonical());
+        let peer = match &ctx.inner {
+            Some(inner) => inner.client.map(|ip| ip.to_canonical()),
+            None => session
+                .client_addr()
+                .and_then(|a| a.as_inet())
+                .map(|a| a.ip().to_canonical()),
+        };
         let trusted = match (peer, &ctx.plan) {
             (Some(ip), Some(plan)) => plan.client.is_trusted(ip),
             _ => false,
@@ -186,7 +199,10 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             forwarded_for(prior, ip)
         });
         let proto = (!trusted || !sent.contains_key(&X_FORWARDED_PROTO)).then(|| {
-            let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
+            let tls = match &ctx.inner {
+                Some(inner) => inner.tls,
+                None => session.digest().is_some_and(|d| d.ssl_digest.is_some()),
+            };
             HeaderValue::from_static(if tls { "https" } else { "http" })
         });
         // The host the upstream is told (`Host` as rewritten, or the target's authority).
@@ -224,7 +240,15 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             upstream_request.insert_header(header::HOST, host)?;
         }
         single_content_length(upstream_request)?;
-        if ctx.held.owes(|s| matches!(s, UsageSource::Json(_))) {
+        if ctx.inner.as_ref().is_some_and(|i| i.te_trailers)
+            && upstream_request.version == http::Version::HTTP_2
+        {
+            upstream_request.insert_header(header::TE, "trailers")?;
+        }
+        if ctx
+            .held
+            .owes(|c| c.reads(|s| matches!(s, UsageSource::Json(_) | UsageSource::Sse(_))))
+        {
             // A compressed or partial body hides the usage it reports: the client may not choose.
             usage::plain_body(upstream_request)?;
         }
@@ -323,7 +347,7 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         }
         // Usage reported in a header is charged before the headers go out, so they tell the
         // balance after this response.
-        if ctx.held.owes(|s| matches!(s, UsageSource::Header(_))) {
+        if ctx.held.owes(Charge::at_head) {
             let resp = &*upstream_response;
             let after = self
                 .gate
@@ -348,10 +372,18 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         &self,
         _session: &mut Session,
         body: &mut Option<Bytes>,
-        _end_of_stream: bool,
+        end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<std::time::Duration>> {
-        ctx.reported.body(body.as_ref());
+        ctx.reported.body(body.as_ref(), end_of_stream);
+        if let Some(inner) = &ctx.inner {
+            if inner.gone.load(Ordering::Relaxed) && ctx.reported.body_bytes > relay::DRAIN_CAP {
+                return Error::e_explain(
+                    ErrorType::ReadError,
+                    "client gone, and the answer is past the relay's cap: its usage is not read",
+                );
+            }
+        }
         self.keep_leases(ctx);
         Ok(None)
     }
@@ -381,11 +413,17 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         // After the response: the client has it, and a next request on this connection is read
         // only once this returns, so it meets the charge.
         if ctx.held.owes(|_| true) {
-            let reported = &ctx.reported;
-            self.gate.settle(&mut ctx.held, |s| reported.used(s)).await;
+            let reported = &mut ctx.reported;
+            self.gate
+                .settle(&mut ctx.held, |c| Some(reported.used(c)))
+                .await;
         }
         if ctx.held.leases() {
             self.gate.release(&mut ctx.held).await;
+        }
+        // A relay's inner leg: the outer leg counts the request and its answer.
+        if ctx.inner.is_some() {
+            return;
         }
         let Some(route) = route_of(ctx) else { return };
         if let Some(outcome) = ctx.outcome {
@@ -397,11 +435,146 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
     }
 }
 
+/// The request as the gate needs it: canonical, its client found.
+fn asking<'a>(
+    plan: &'a Plan,
+    session: &'a Session,
+    request: &'a canonical::Request<'a>,
+    reserved: &'a [u64],
+) -> Asking<'a> {
+    let req = session.req_header();
+    let peer = session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map(|a| a.ip());
+    let forwarded = req
+        .headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .map(|v| v.as_bytes());
+    Asking {
+        client: peer.map(|p| plan.client.client(p, forwarded)),
+        method: req.method.as_str(),
+        path: &request.target.path,
+        query: request.target.query,
+        headers: &req.headers,
+        reserved,
+    }
+}
+
+/// The whole request body, or `None` when it is longer than `cap`.
+async fn read_whole_body(session: &mut Session, cap: usize) -> Result<Option<Bytes>> {
+    let mut body = bytes::BytesMut::new();
+    while let Some(chunk) = session.read_request_body().await? {
+        if body.len() + chunk.len() > cap {
+            return Ok(None);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Some(body.freeze()))
+}
+
 fn route_of(ctx: &RequestCtx) -> Option<&RoutePlan> {
     ctx.plan.as_ref()?.routes.get(ctx.route?)
 }
 
 impl<L: Limiter> RateLimitProxy<L> {
+    /// Acts on the gate's verdict: a refusal is answered here; an admitted request goes on to
+    /// the upstream, through the relay when its answer is to be charged (or its body was read).
+    async fn answer(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        verdict: Verdict,
+        held: Held,
+        body: Option<Bytes>,
+    ) -> Result<bool> {
+        ctx.outcome = Some(verdict.outcome());
+        let (plan, index) = match (&ctx.plan, ctx.route) {
+            (Some(plan), Some(index)) => (plan.clone(), index),
+            _ => return Error::e_explain(ErrorType::InternalError, "no route chosen"),
+        };
+        let route = &plan.routes[index];
+        let relayed = relay::wanted(&verdict, &held) || body.is_some();
+        match verdict {
+            Verdict::Pass(_, decision) if relayed => {
+                let relayed = Relayed {
+                    plan: plan.clone(),
+                    route: index,
+                    rewrite: std::mem::take(&mut ctx.rewrite),
+                    held,
+                    decision,
+                    client: session
+                        .client_addr()
+                        .and_then(|a| a.as_inet())
+                        .map(|a| a.ip()),
+                    tls: session.digest().is_some_and(|d| d.ssl_digest.is_some()),
+                    te_trailers: session.req_header().version == http::Version::HTTP_2
+                        && session
+                            .req_header()
+                            .headers
+                            .get(header::TE)
+                            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers")),
+                    gone: Arc::default(),
+                };
+                relay::run(session, relayed, body).await?;
+                Ok(true)
+            }
+            Verdict::Pass(_, decision) => {
+                ctx.held = held;
+                ctx.decision = decision;
+                Ok(false)
+            }
+            refused => {
+                ctx.held = held;
+                answer::refusal(session, route, refused).await?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// A route that reads the request body before deciding (a limit reserves from it, or it may
+    /// be rewritten): the body is read whole, up to `usage::request::MAX_BODY`, then decided on.
+    async fn decide_with_body(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        let (plan, index) = match (&ctx.plan, ctx.route) {
+            (Some(plan), Some(index)) => (plan.clone(), index),
+            _ => return Error::e_explain(ErrorType::InternalError, "no route chosen"),
+        };
+        let route = &plan.routes[index];
+        let Some(body) = read_whole_body(session, usage::request::MAX_BODY).await? else {
+            session.set_keepalive(None);
+            let body = "413 Content Too Large: this route reads the request body whole, and it is too large\n";
+            answer::respond(session, 413, "text/plain; charset=utf-8", Vec::new(), body).await?;
+            return Ok(true);
+        };
+        let reserves = route.limits.iter().map(|l| l.reserve.as_ref());
+        let reserved = match reserves.clone().any(|r| r.is_some()) {
+            true => usage::request::reservations(reserves, &body),
+            false => Vec::new(),
+        };
+        let body = match route.stream_usage {
+            true => usage::request::ask_stream_usage(&body).map_or(body, Bytes::from),
+            false => body,
+        };
+        let req = session.req_header();
+        let pseudo = (req.version == http::Version::HTTP_2)
+            .then(|| req.uri.authority().map(|a| a.as_str().as_bytes()))
+            .flatten();
+        // The same head that was put in canonical form a moment ago.
+        let request = canonical::request(
+            req.method.as_str(),
+            req.raw_path(),
+            req.version,
+            pseudo,
+            &req.headers,
+            plan.path_escaped_slashes,
+        )
+        .map_err(|_| Error::explain(ErrorType::InternalError, "request no longer canonical"))?;
+        let asking = asking(&plan, session, &request, &reserved);
+        let (verdict, held) = self.gate.admit(route, &asking).await;
+        self.answer(session, ctx, verdict, held, Some(body)).await
+    }
+
     /// A request whose body is still moving is in flight: its leases are renewed when due, in
     /// the background (a stream may outlast `lease_ms`).
     fn keep_leases(&self, ctx: &mut RequestCtx) {

@@ -9,10 +9,12 @@ mod error;
 mod locate;
 mod rate;
 mod raw;
+mod usage;
 mod validate;
 
 pub use error::{ConfigError, Problem};
 pub use rate::{Rate, EXACT_LIMIT};
+pub use usage::{Charge, Reserve, Term, UsageSource};
 
 pub use crate::calendar::Period;
 pub use crate::canonical::EscapedSlashes;
@@ -212,6 +214,9 @@ pub struct Route {
     pub preserve_raw_path: bool,
     pub allow: Allow,
     pub deny: DenyResponse,
+    /// `stream_usage: request`: an OpenAI-style streaming request is asked to report its usage
+    /// (`stream_options.include_usage`), so that its stream can be charged.
+    pub stream_usage: bool,
     pub limits: Vec<Limit>,
 }
 
@@ -333,67 +338,8 @@ pub struct Limit {
     pub cost: u64,
     /// Where the response reports what the request used, charged beyond `cost` after it.
     pub charge: Option<Charge>,
-}
-
-/// A limit charged from the response (`charge_from_response`, `refund_unused`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Charge {
-    pub from: UsageSource,
-    /// Give back what the response used below the up-front cost.
-    pub refund_unused: bool,
-}
-
-/// Where a response reports its usage.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum UsageSource {
-    /// A response header, by lower-case name.
-    Header(String),
-    /// A trailer (HTTP/2, gRPC), by lower-case name.
-    Trailer(String),
-    /// A number in an `application/json` body, by its path of object keys.
-    Json(Vec<String>),
-}
-
-impl UsageSource {
-    /// Parses `header:<name>`, `trailer:<name>` or `json:<a.b.c>`.
-    pub fn parse(text: &str) -> Result<UsageSource, String> {
-        let expected =
-            "expected \"header:<name>\", \"trailer:<name>\" or \"json:<path.to.number>\"";
-        let (kind, rest) = text
-            .split_once(':')
-            .ok_or_else(|| format!("{text:?}: {expected}"))?;
-        let name_ok = !rest.is_empty()
-            && rest
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
-        match kind {
-            "header" | "trailer" if !name_ok => Err(format!(
-                "{text:?}: a header name is letters, digits, '-' and '_'"
-            )),
-            "header" => Ok(UsageSource::Header(rest.to_ascii_lowercase())),
-            "trailer" => Ok(UsageSource::Trailer(rest.to_ascii_lowercase())),
-            "json" => {
-                let path: Vec<String> = rest.split('.').map(str::to_string).collect();
-                if path.iter().any(String::is_empty) {
-                    return Err(format!(
-                        "{text:?}: a JSON path is keys joined by '.', e.g. json:usage.total_tokens"
-                    ));
-                }
-                Ok(UsageSource::Json(path))
-            }
-            _ => Err(format!("{text:?}: {expected}")),
-        }
-    }
-}
-
-impl fmt::Display for UsageSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            UsageSource::Header(name) => write!(f, "header:{name}"),
-            UsageSource::Trailer(name) => write!(f, "trailer:{name}"),
-            UsageSource::Json(path) => write!(f, "json:{}", path.join(".")),
-        }
-    }
+    /// What a request reserves from its own body beside `cost`, settled by the usage charged.
+    pub reserve: Option<Reserve>,
 }
 
 /// How much a limit lets through, and how it comes back.

@@ -121,6 +121,7 @@ pub(super) struct RawRoute {
     pub preserve_raw_path: Option<bool>,
     pub allow: Option<RawAllow>,
     pub deny: Option<RawDeny>,
+    pub stream_usage: Option<String>,
     #[serde(default)]
     pub limits: Vec<RawLimit>,
 }
@@ -174,13 +175,30 @@ pub(super) struct RawLimit {
     pub quota: Option<RawQuota>,
     pub concurrency: Option<u64>,
     pub lease_ms: Option<u64>,
-    pub charge_from_response: Option<String>,
+    pub charge_from_response: Option<RawCharge>,
     pub refund_unused: Option<bool>,
+    pub reserve: Option<OneOrMany>,
+    pub reserve_default: Option<u64>,
+    pub reserve_max: Option<u64>,
     pub key: Option<OneOrMany>,
     pub on_missing_key: Option<String>,
     pub on_duplicate_key_header: Option<String>,
     pub shadow: Option<bool>,
     pub cost: Option<u64>,
+}
+
+/// `charge_from_response`: one source, or `{ sum: [...] }`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawCharge {
+    One(String),
+    Sum(RawSum),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSum {
+    pub sum: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]

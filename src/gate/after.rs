@@ -4,7 +4,7 @@
 
 use super::Gate;
 use crate::clock::Clock;
-use crate::config::UsageSource;
+use crate::config::Charge;
 use crate::draw::Draw;
 use crate::held::{Held, Lease};
 use crate::limiter::bucket::clamp_charge;
@@ -13,18 +13,18 @@ use std::future::Future;
 use std::time::Instant;
 
 impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
-    /// Charges what `used` reports for each charge still owed whose source it can tell
-    /// (`used(source)`: `Some(Some(n))` used n, `Some(None)` did not say, `None` not known yet).
+    /// Charges what `used` reports for each charge still owed that it can tell (`used(charge)`:
+    /// `Some(Some(n))` used n, `Some(None)` did not say, `None` not known yet).
     /// Returns the enforced limits' buckets after their charges (the route's limit index, its
     /// state), for the response headers when they have not gone out yet.
     pub async fn settle(
         &self,
         held: &mut Held,
-        used: impl Fn(&UsageSource) -> Option<Option<u64>>,
+        mut used: impl FnMut(&Charge) -> Option<Option<u64>>,
     ) -> Vec<(usize, LimitState)> {
         let mut after = Vec::new();
         for owed in held.owed.iter_mut().filter(|o| !o.settled) {
-            let Some(reported) = used(&owed.charge.from) else {
+            let Some(reported) = used(&owed.charge) else {
                 continue;
             };
             owed.settled = true;

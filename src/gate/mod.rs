@@ -39,6 +39,8 @@ pub struct Asking<'a> {
     pub path: &'a str,
     pub query: Option<&'a str>,
     pub headers: &'a HeaderMap,
+    /// What the request reserves of each limit (`usage::request::reservations`); empty: nothing.
+    pub reserved: &'a [u64],
 }
 
 /// How a request was decided, before anything is written.
@@ -105,6 +107,7 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
             path: request.path,
             query: request.query,
             headers: request.headers,
+            reserved: request.reserved,
         };
         let (mut enforced, mut shadow) = match draws(route, &facts) {
             Draws::Buckets { enforced, shadow } => (enforced, shadow),

@@ -99,6 +99,7 @@ fn memory(clock: &Clocked) -> MemoryLimiter<Clocked> {
 
 fn ask<'a>(headers: &'a HeaderMap, client: &str) -> Asking<'a> {
     Asking {
+        reserved: &[],
         client: Some(client.parse().unwrap()),
         method: "GET",
         path: "/x",

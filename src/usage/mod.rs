@@ -1,84 +1,173 @@
-//! What a response says it used (`charge_from_response`): a header, a trailer, or a number in an
-//! `application/json` body, read as the response passes through and never holding it back. The
-//! proxy's phases feed it; `Gate::settle` charges what it found.
+//! What a response says it used (`charge_from_response`): headers, trailers, and numbers in an
+//! `application/json` body or in the JSON events of a `text/event-stream` body, found as the
+//! body passes through without keeping it (`scan`, `sse`). The proxy's phases feed it;
+//! `Gate::settle` charges what it found.
 
-use crate::config::UsageSource;
+pub mod request;
+pub mod scan;
+pub mod sse;
+
+use crate::config::{Charge, UsageSource};
 use crate::held::Held;
 use bytes::Bytes;
 use http::HeaderMap;
 use pingora::http::{RequestHeader, ResponseHeader};
-
-/// The most of a JSON body kept to find the usage in; a longer body is charged the up-front cost.
-pub const MAX_JSON: usize = 1 << 20;
+use scan::JsonScan;
+use sse::SseScan;
+use std::sync::Arc;
 
 /// What one response has shown so far.
 #[derive(Default)]
 pub struct Reported {
-    /// The JSON body so far, while one is being kept.
-    json: Option<Vec<u8>>,
+    /// The paths the body is scanned for, and the scanner.
+    body: Option<(Arc<[Vec<String>]>, Body)>,
+    /// Each header a charge reads, with what it said.
+    headers: Vec<(String, Option<u64>)>,
     trailers: Option<HeaderMap>,
+    /// Body bytes seen, for the relay's cap once the client is gone.
+    pub body_bytes: u64,
+    ended: bool,
+}
+
+enum Body {
+    Json(JsonScan),
+    Sse(SseScan),
 }
 
 impl Reported {
-    /// At the response head: keeps the body when a charge reads it from JSON and the body is
-    /// JSON that may fit (never a stream, such as `text/event-stream`).
+    /// At the final response head: remembers the headers the charges read, and starts a scanner
+    /// for a body of the kind a charge reads (a JSON document, or an event stream), if the body
+    /// is readable (not compressed) and the response a success.
     pub fn head(&mut self, held: &Held, resp: &ResponseHeader) {
-        if !held.owes(|s| matches!(s, UsageSource::Json(_))) {
-            return;
+        for name in held.terms().filter_map(|t| match &t.from {
+            UsageSource::Header(name) => Some(name),
+            _ => None,
+        }) {
+            if !self.headers.iter().any(|(n, _)| n == name) {
+                self.headers
+                    .push((name.clone(), number(&resp.headers, name)));
+            }
         }
-        let json = resp
+        let media = resp
             .headers
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.split(';').next())
             .map(|t| t.trim().to_ascii_lowercase())
-            .is_some_and(|t| t == "application/json" || t.ends_with("+json"));
-        // Encoded anyway (the upstream ignored `identity`): unreadable, so not kept.
+            .unwrap_or_default();
+        // Encoded anyway (the upstream ignored `identity`): unreadable, so not scanned.
         let plain = resp
             .headers
             .get(http::header::CONTENT_ENCODING)
             .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"));
-        let length = resp
-            .headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<usize>().ok());
-        if json && plain && resp.status.is_success() && length.is_none_or(|n| n <= MAX_JSON) {
-            self.json = Some(Vec::with_capacity(length.unwrap_or(4096)));
+        if !(plain && resp.status.is_success()) {
+            return;
+        }
+        let json = media == "application/json" || media.ends_with("+json");
+        let sse = media == "text/event-stream";
+        let paths: Vec<Vec<String>> = held
+            .terms()
+            .filter_map(|t| match &t.from {
+                UsageSource::Json(p) if json => Some(p.clone()),
+                UsageSource::Sse(p) if sse => Some(p.clone()),
+                _ => None,
+            })
+            .collect();
+        if paths.is_empty() {
+            return;
+        }
+        let paths: Arc<[Vec<String>]> = paths.into();
+        let scanner = match json {
+            true => Body::Json(JsonScan::new(paths.clone())),
+            false => Body::Sse(SseScan::new(paths.clone())),
+        };
+        self.body = Some((paths, scanner));
+    }
+
+    /// A chunk of the body on its way to the client; `end`: the body is complete.
+    pub fn body(&mut self, chunk: Option<&Bytes>, end: bool) {
+        let len = chunk.map_or(0, |c| c.len());
+        self.body_bytes += len as u64;
+        let Some((_, scanner)) = &mut self.body else {
+            return;
+        };
+        match (scanner, chunk) {
+            (Body::Json(s), Some(c)) => s.feed(c),
+            (Body::Sse(s), Some(c)) => s.feed(c),
+            _ => {}
+        }
+        if end {
+            self.end_body();
         }
     }
 
-    /// A chunk of the body on its way to the client.
-    pub fn body(&mut self, chunk: Option<&Bytes>) {
-        let (Some(kept), Some(chunk)) = (&mut self.json, chunk) else {
+    /// The body ended (or was cut: what was found stands); once.
+    fn end_body(&mut self) {
+        if std::mem::replace(&mut self.ended, true) {
             return;
-        };
-        if kept.len() + chunk.len() > MAX_JSON {
-            self.json = None;
-        } else {
-            kept.extend_from_slice(chunk);
+        }
+        match &mut self.body {
+            Some((_, Body::Json(s))) => s.end(),
+            Some((_, Body::Sse(s))) => s.end(),
+            None => {}
         }
     }
 
     /// The upstream's trailers, when a charge reads one.
     pub fn trailers(&mut self, held: &Held, trailers: &HeaderMap) {
-        if held.owes(|s| matches!(s, UsageSource::Trailer(_))) {
+        if held.owes(|c| c.reads(|s| matches!(s, UsageSource::Trailer(_)))) {
             self.trailers = Some(trailers.clone());
         }
     }
 
-    /// At the end of the response: what `source` reported (`None` inside: it did not say).
-    pub fn used(&self, source: &UsageSource) -> Option<Option<u64>> {
-        Some(match source {
-            // Charged at the head already, or there was no response head: nothing reported.
-            UsageSource::Header(_) => None,
-            UsageSource::Trailer(name) => self.trailers.as_ref().and_then(|t| number(t, name)),
-            UsageSource::Json(path) => self.json.as_deref().and_then(|b| json_number(b, path)),
-        })
+    /// Bytes the scanners hold now: bounded whatever the body's size.
+    pub fn held_bytes(&self) -> usize {
+        match &self.body {
+            Some((_, Body::Json(s))) => s.held_bytes(),
+            Some((_, Body::Sse(s))) => s.held_bytes(),
+            None => 0,
+        }
+    }
+
+    /// What the response reported for `charge`, now that it is over: the weighted sum of every
+    /// term it reported (saturating), `None` when it reported none.
+    pub fn used(&mut self, charge: &Charge) -> Option<u64> {
+        // A body cut short: what was found stands.
+        self.end_body();
+        let mut total: Option<u64> = None;
+        for term in &charge.terms {
+            let value = match &term.from {
+                UsageSource::Header(name) => self
+                    .headers
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .and_then(|(_, v)| *v),
+                UsageSource::Trailer(name) => self.trailers.as_ref().and_then(|t| number(t, name)),
+                UsageSource::Json(path) | UsageSource::Sse(path) => self.scanned(&term.from, path),
+            };
+            if let Some(v) = value {
+                total = Some(
+                    total
+                        .unwrap_or(0)
+                        .saturating_add(v.saturating_mul(term.weight)),
+                );
+            }
+        }
+        total
+    }
+
+    fn scanned(&self, source: &UsageSource, path: &[String]) -> Option<u64> {
+        let (paths, body) = self.body.as_ref()?;
+        let i = paths.iter().position(|p| p == path)?;
+        match (body, source) {
+            (Body::Json(s), UsageSource::Json(_)) => s.found(i),
+            (Body::Sse(s), UsageSource::Sse(_)) => s.found(i),
+            _ => None,
+        }
     }
 }
 
-/// The upstream request of a route charged from a JSON body: asked for the body whole and
+/// The upstream request of a route charged from its body: asked for the body whole and
 /// uncompressed (`Accept-Encoding: identity`, no `Range`), so that no client can make the usage
 /// unreadable by asking for gzip or a part.
 pub fn plain_body(req: &mut RequestHeader) -> pingora::Result<()> {
@@ -87,13 +176,25 @@ pub fn plain_body(req: &mut RequestHeader) -> pingora::Result<()> {
     Ok(())
 }
 
-/// At the response head: what a header source reported, `None` for the other sources (they
-/// report later).
-pub fn at_head(resp: &ResponseHeader, source: &UsageSource) -> Option<Option<u64>> {
-    match source {
-        UsageSource::Header(name) => Some(number(&resp.headers, name)),
-        _ => None,
+/// At the response head: what a charge of headers only reported (`None` inside: nothing), or
+/// `None` for a charge that reads the body or trailers (settled at the end).
+pub fn at_head(resp: &ResponseHeader, charge: &Charge) -> Option<Option<u64>> {
+    if !charge.at_head() {
+        return None;
     }
+    let mut total: Option<u64> = None;
+    for term in &charge.terms {
+        if let UsageSource::Header(name) = &term.from {
+            if let Some(v) = number(&resp.headers, name) {
+                total = Some(
+                    total
+                        .unwrap_or(0)
+                        .saturating_add(v.saturating_mul(term.weight)),
+                );
+            }
+        }
+    }
+    Some(total)
 }
 
 /// A whole, non-negative number in the one field `name`; anything else says nothing.
@@ -106,53 +207,9 @@ fn number(headers: &HeaderMap, name: &str) -> Option<u64> {
     value.to_str().ok()?.trim().parse().ok()
 }
 
-/// The number at `path` in a JSON document: a whole number, or a fraction rounded up (usage is
-/// never under-charged); anything else says nothing.
-fn json_number(body: &[u8], path: &[String]) -> Option<u64> {
-    let doc: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let mut at = &doc;
-    for key in path {
-        at = at.get(key)?;
-    }
-    match at.as_u64() {
-        Some(n) => Some(n),
-        None => at
-            .as_f64()
-            .filter(|f| f.is_finite() && *f >= 0.0)
-            .map(|f| f.ceil().min(u64::MAX as f64) as u64),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn path(p: &str) -> Vec<String> {
-        p.split('.').map(str::to_string).collect()
-    }
-
-    #[test]
-    fn json_usage_is_found_by_path_and_never_rounded_down() {
-        let body = br#"{"usage":{"prompt_tokens":3,"total_tokens":120,"cost":2.1}}"#;
-        assert_eq!(json_number(body, &path("usage.total_tokens")), Some(120));
-        assert_eq!(json_number(body, &path("usage.cost")), Some(3));
-        assert_eq!(json_number(body, &path("usage.missing")), None);
-        assert_eq!(
-            json_number(
-                b"{\"usage\":{\"total_tokens\":-5}}",
-                &path("usage.total_tokens")
-            ),
-            None
-        );
-        assert_eq!(
-            json_number(
-                b"{\"usage\":{\"total_tokens\":\"7\"}}",
-                &path("usage.total_tokens")
-            ),
-            None
-        );
-        assert_eq!(json_number(b"not json", &path("usage")), None);
-    }
 
     #[test]
     fn a_header_says_one_whole_number_or_nothing() {

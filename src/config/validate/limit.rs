@@ -2,7 +2,7 @@
 
 use super::{at, Validator};
 use crate::config::locate::Seg;
-use crate::config::raw::{OneOrMany, RawLimit, RawQuota};
+use crate::config::raw::{OneOrMany, RawCharge, RawLimit, RawQuota};
 use crate::config::*;
 
 /// The longest a concurrency lease may be held without its request ending.
@@ -37,7 +37,7 @@ impl Validator<'_> {
                 "belongs to a `concurrency` limit: only a request in flight holds a lease",
             );
         }
-        let key = self.key(r, base, raw.key);
+        let key = self.key(r, base, raw.key.take());
         let on_missing_key = self
             .word(
                 r,
@@ -76,36 +76,8 @@ impl Validator<'_> {
                 );
             }
         }
-        let charge = match raw.charge_from_response.as_deref() {
-            None => {
-                if raw.refund_unused.is_some() {
-                    self.problem(
-                        r,
-                        at(base, &["refund_unused"]),
-                        "belongs to a limit with `charge_from_response`",
-                    );
-                }
-                None
-            }
-            Some(_) if matches!(allowance, Some(Allowance::Concurrency { .. })) => {
-                self.problem(
-                    r,
-                    at(base, &["charge_from_response"]),
-                    "a `concurrency` limit counts requests in flight, not what they use",
-                );
-                None
-            }
-            Some(text) => match UsageSource::parse(text) {
-                Ok(from) => Some(Charge {
-                    from,
-                    refund_unused: raw.refund_unused.unwrap_or(false),
-                }),
-                Err(msg) => {
-                    self.problem(r, at(base, &["charge_from_response"]), msg);
-                    None
-                }
-            },
-        };
+        let charge = self.charge(r, base, &raw, allowance);
+        let reserve = self.reserve(r, base, &raw, allowance, cost, charge.is_some());
         (self.problems.len() == before).then(|| Limit {
             name,
             allowance: allowance.expect("no problem means an allowance"),
@@ -115,6 +87,129 @@ impl Validator<'_> {
             shadow: raw.shadow.unwrap_or(false),
             cost,
             charge,
+            reserve,
+        })
+    }
+
+    /// `charge_from_response` and `refund_unused`.
+    fn charge(
+        &mut self,
+        r: Option<&str>,
+        base: &[Seg],
+        raw: &RawLimit,
+        allowance: Option<Allowance>,
+    ) -> Option<Charge> {
+        let Some(given) = &raw.charge_from_response else {
+            if raw.refund_unused.is_some() {
+                self.problem(
+                    r,
+                    at(base, &["refund_unused"]),
+                    "belongs to a limit with `charge_from_response`",
+                );
+            }
+            return None;
+        };
+        if matches!(allowance, Some(Allowance::Concurrency { .. })) {
+            self.problem(
+                r,
+                at(base, &["charge_from_response"]),
+                "a `concurrency` limit counts requests in flight, not what they use",
+            );
+            return None;
+        }
+        let (terms, field) = match given {
+            RawCharge::One(one) => (std::slice::from_ref(one), vec!["charge_from_response"]),
+            RawCharge::Sum(sum) => (&sum.sum[..], vec!["charge_from_response", "sum"]),
+        };
+        match Charge::parse(terms, raw.refund_unused.unwrap_or(false)) {
+            Ok(charge) => Some(charge),
+            Err(msg) => {
+                self.problem(r, at(base, &field), msg);
+                None
+            }
+        }
+    }
+
+    /// `reserve`, `reserve_default` and `reserve_max`: what a request reserves from its body.
+    fn reserve(
+        &mut self,
+        r: Option<&str>,
+        base: &[Seg],
+        raw: &RawLimit,
+        allowance: Option<Allowance>,
+        cost: u64,
+        charged: bool,
+    ) -> Option<Reserve> {
+        let Some(given) = &raw.reserve else {
+            for (field, given) in [
+                ("reserve_default", raw.reserve_default.is_some()),
+                ("reserve_max", raw.reserve_max.is_some()),
+            ] {
+                if given {
+                    self.problem(r, at(base, &[field]), "belongs to a limit with `reserve`");
+                }
+            }
+            return None;
+        };
+        if !charged {
+            self.problem(
+                r,
+                at(base, &["reserve"]),
+                "a reservation is settled by the usage the response reports: give the limit a \
+                 `charge_from_response`",
+            );
+            return None;
+        }
+        let listed = match given {
+            OneOrMany::One(one) => vec![(one, at(base, &["reserve"]))],
+            OneOrMany::Many(many) => many
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (p, [at(base, &["reserve"]), vec![Seg::Index(i)]].concat()))
+                .collect(),
+        };
+        if listed.is_empty() {
+            self.problem(
+                r,
+                at(base, &["reserve"]),
+                "must name at least one JSON path",
+            );
+        }
+        let mut paths = Vec::new();
+        for (text, path) in listed {
+            match Reserve::path(text) {
+                Ok(p) => paths.push(p),
+                Err(msg) => self.problem(r, path, msg),
+            }
+        }
+        let capacity = allowance?.capacity();
+        let most = capacity.saturating_sub(cost);
+        let max = raw.reserve_max.unwrap_or(most);
+        if max > most {
+            self.problem(
+                r,
+                at(base, &["reserve_max"]),
+                format!(
+                    "a request reserving {max} beside its cost {cost} could never be admitted \
+                     (capacity {capacity}): at most {most}"
+                ),
+            );
+            return None;
+        }
+        // A request that names no cap may use the most: it reserves the most unless told.
+        let default = raw.reserve_default.unwrap_or(max);
+        if default > max {
+            self.problem(
+                r,
+                at(base, &["reserve_default"]),
+                format!("must be at most reserve_max ({max}), got {default}"),
+            );
+            return None;
+        }
+        Some(Reserve {
+            paths,
+            default,
+            max,
         })
     }
 

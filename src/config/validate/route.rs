@@ -182,6 +182,21 @@ impl Validator<'_> {
             .unwrap_or(default_fail);
         let mut limit_names: HashMap<String, usize> = HashMap::new();
         let mut limits = Vec::new();
+        let stream_usage = match raw.stream_usage.as_deref() {
+            None | Some("off") => false,
+            Some("request") => true,
+            Some(other) => {
+                self.problem(
+                    r,
+                    at(base, &["stream_usage"]),
+                    format!(
+                        "must be \"request\" (ask a streaming request to report its usage) or \
+                         \"off\", got {other:?}"
+                    ),
+                );
+                false
+            }
+        };
         for (j, raw) in raw.limits.into_iter().enumerate() {
             let lbase: Vec<Seg> = at(base, &["limits"])
                 .into_iter()
@@ -210,6 +225,7 @@ impl Validator<'_> {
             preserve_raw_path: raw.preserve_raw_path.unwrap_or(false),
             allow,
             deny,
+            stream_usage,
             limits,
         })
     }
