@@ -175,7 +175,8 @@ pub(super) struct RawLimit {
     pub quota: Option<RawQuota>,
     pub concurrency: Option<u64>,
     pub lease_ms: Option<u64>,
-    pub charge_from_response: Option<RawCharge>,
+    /// One source, or `{ sum: [...] }`: read by `validate`, which names what is wrong.
+    pub charge_from_response: Option<serde_yaml::Value>,
     pub refund_unused: Option<bool>,
     pub reserve: Option<OneOrMany>,
     pub reserve_default: Option<u64>,
@@ -185,20 +186,6 @@ pub(super) struct RawLimit {
     pub on_duplicate_key_header: Option<String>,
     pub shadow: Option<bool>,
     pub cost: Option<u64>,
-}
-
-/// `charge_from_response`: one source, or `{ sum: [...] }`.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub(super) enum RawCharge {
-    One(String),
-    Sum(RawSum),
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawSum {
-    pub sum: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -2,7 +2,7 @@
 
 use super::{at, Validator};
 use crate::config::locate::Seg;
-use crate::config::raw::{OneOrMany, RawCharge, RawLimit, RawQuota};
+use crate::config::raw::{OneOrMany, RawLimit, RawQuota};
 use crate::config::*;
 
 /// The longest a concurrency lease may be held without its request ending.
@@ -117,11 +117,19 @@ impl Validator<'_> {
             );
             return None;
         }
-        let (terms, field) = match given {
-            RawCharge::One(one) => (std::slice::from_ref(one), vec!["charge_from_response"]),
-            RawCharge::Sum(sum) => (&sum.sum[..], vec!["charge_from_response", "sum"]),
+        let (terms, field) = match charge_terms(given) {
+            Some(Ok(one)) => (vec![one], vec!["charge_from_response"]),
+            Some(Err(sum)) => (sum, vec!["charge_from_response", "sum"]),
+            None => {
+                self.problem(
+                    r,
+                    at(base, &["charge_from_response"]),
+                    "expected a source such as \"json:usage.total_tokens\", or { sum: [sources] }",
+                );
+                return None;
+            }
         };
-        match Charge::parse(terms, raw.refund_unused.unwrap_or(false)) {
+        match Charge::parse(&terms, raw.refund_unused.unwrap_or(false)) {
             Ok(charge) => Some(charge),
             Err(msg) => {
                 self.problem(r, at(base, &field), msg);
@@ -409,5 +417,23 @@ impl Validator<'_> {
             );
         }
         key
+    }
+}
+
+/// `charge_from_response` as written: one source (`Ok`), the sources of `{ sum: [...] }` (`Err`),
+/// or neither.
+fn charge_terms(given: &serde_yaml::Value) -> Option<Result<String, Vec<String>>> {
+    use serde_yaml::Value;
+    match given {
+        Value::String(one) => Some(Ok(one.clone())),
+        Value::Mapping(m) if m.len() == 1 => match m.get("sum")? {
+            Value::Sequence(terms) => terms
+                .iter()
+                .map(|t| t.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .map(Err),
+            _ => None,
+        },
+        _ => None,
     }
 }

@@ -11,6 +11,7 @@
 //! | thousands of concurrent requests: every decision counted once | `one_proxy.rs` |
 //! | concurrency leases: script ≡ in-memory store on random acquisitions, releases, expiries and reloads | `leases.rs` |
 //! | calendar quotas whole again exactly at UTC boundaries (leap day, ISO week); at most the amount per period across clocks straddling one | `quotas.rs` |
+//! | reservations: usage charged ≤ capacity + refill × elapsed over three proxies, whatever clients abort; script ≡ in-memory store | `reservations.rs` |
 //! | every spelling of a path (escapes, dot segments, slashes) meets one canonical form: one route, one bucket | `canonical.rs` |
 //!
 //! Covered elsewhere, not repeated here: a limit changed by reload while a bucket is half empty
@@ -30,6 +31,7 @@ mod fleet;
 mod leases;
 mod one_proxy;
 mod quotas;
+mod reservations;
 
 use crate::support::redis::RedisServer;
 use proptest::strategy::Strategy;
