@@ -197,14 +197,20 @@ pub fn at_head(resp: &ResponseHeader, charge: &Charge) -> Option<Option<u64>> {
     Some(total)
 }
 
-/// A whole, non-negative number in the one field `name`; anything else says nothing.
+/// A whole, non-negative number in the one field `name` (one too large for u64 is as large as
+/// can be: an absurd usage is charged all the store holds, never nothing); anything else says
+/// nothing.
 fn number(headers: &HeaderMap, name: &str) -> Option<u64> {
     let mut values = headers.get_all(name).iter();
     let value = values.next()?;
     if values.next().is_some() {
         return None;
     }
-    value.to_str().ok()?.trim().parse().ok()
+    let digits = value.to_str().ok()?.trim();
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(digits.parse().unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
@@ -220,5 +226,11 @@ mod tests {
         assert_eq!(number(&h, "x-usage"), None, "two values: which one?");
         h.insert("x-usage", "4e2".parse().unwrap());
         assert_eq!(number(&h, "x-usage"), None);
+        h.insert("x-usage", "99999999999999999999999".parse().unwrap());
+        assert_eq!(number(&h, "x-usage"), Some(u64::MAX), "absurd, not free");
+        for bad in ["", "+5", "-5", "5 5"] {
+            h.insert("x-usage", bad.parse().unwrap());
+            assert_eq!(number(&h, "x-usage"), None, "{bad:?}");
+        }
     }
 }

@@ -380,7 +380,40 @@ fn an_interim_response_does_not_settle_the_charge(fleet: Fleet) {
     assert_eq!(proxy.metric(unreported), 0.0);
 }
 
+/// A usage too large for the store's numbers (in a body or a header) is charged all the bucket
+/// holds and more: the key is refused until the refill pays the debt, never charged nothing.
+fn an_absurd_usage_empties_the_bucket(fleet: Fleet, paths: &[&str]) {
+    let proxy = &fleet.proxies[0];
+    let unreported = "ratelimit_usage_unreported_total{limit=\"tokens\",route=\"llm\"}";
+    for (i, path) in paths.iter().enumerate() {
+        let key = format!("absurd-{i}");
+        let r = proxy.get(path, &[("x-api-key", key.as_str())]);
+        assert_eq!(r.status, 200, "{path}: {r:?}");
+        let r = proxy.get("/x", &[("x-api-key", key.as_str())]);
+        assert_eq!(r.status, 429, "{path}: the bucket is in debt: {r:?}");
+        assert_eq!(
+            r.header("x-ratelimit-remaining"),
+            Some("0"),
+            "{path}: {r:?}"
+        );
+    }
+    assert_eq!(proxy.metric(unreported), 0.0, "every one was charged");
+}
+
+fn an_absurd_usage_in_a_body_empties_the_bucket(fleet: Fleet) {
+    an_absurd_usage_empties_the_bucket(
+        fleet,
+        &["/usage/json/1e30", "/usage/json/99999999999999999999999999"],
+    );
+}
+
+fn an_absurd_usage_in_a_header_empties_the_bucket(fleet: Fleet) {
+    an_absurd_usage_empties_the_bucket(fleet, &["/usage/header/99999999999999999999999999"]);
+}
+
 both_stores!(
+    an_absurd_usage_in_a_body_empties_the_bucket: "json:usage.total_tokens",
+    an_absurd_usage_in_a_header_empties_the_bucket: "header:x-usage-total-tokens",
     an_interim_response_does_not_settle_the_charge: "header:x-usage-total-tokens",
     usage_in_a_header_is_charged_before_the_headers_go_out: "header:x-usage-total-tokens",
     a_response_that_does_not_report_is_charged_the_up_front_cost: "header:x-usage-total-tokens",
