@@ -20,13 +20,16 @@ use bytes::Bytes;
 use http::{header, HeaderName, HeaderValue};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
-use pingora::proxy::FailToProxy;
+use pingora::proxy::{FailToProxy, SubrequestSpawner};
 use pingora::upstreams::peer::Peer;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 pub struct RateLimitProxy<L> {
+    /// Starts a relay's inner leg (`relay`): Pingora hands one to the first request, kept here
+    /// so that no other request pays for one.
+    spawner: OnceLock<SubrequestSpawner>,
     plan: LivePlan,
     /// One for every worker's service: the fallback store and lease names are the process's.
     gate: Arc<Gate<L, SystemClock>>,
@@ -36,6 +39,7 @@ pub struct RateLimitProxy<L> {
 impl<L> RateLimitProxy<L> {
     pub fn new(plan: LivePlan, gate: Arc<Gate<L, SystemClock>>, metrics: Metrics) -> Self {
         RateLimitProxy {
+            spawner: OnceLock::new(),
             plan,
             gate,
             metrics,
@@ -85,12 +89,14 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         RequestCtx::default()
     }
 
-    fn allow_spawning_subrequest(&self, session: &Session, _ctx: &RequestCtx) -> bool {
-        // A relay's outer leg spawns its inner one, which spawns none.
-        session.subrequest_ctx.is_none()
+    fn allow_spawning_subrequest(&self, _session: &Session, _ctx: &RequestCtx) -> bool {
+        self.spawner.get().is_none()
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        if let Some(spawner) = session.subrequest_spawner.take() {
+            let _ = self.spawner.set(spawner);
+        }
         if let Some(relayed) = relay::take(session) {
             ctx.plan = Some(relayed.plan);
             ctx.route = Some(relayed.route);
@@ -517,7 +523,10 @@ impl<L: Limiter> RateLimitProxy<L> {
                             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers")),
                     gone: Arc::default(),
                 };
-                relay::run(session, relayed, body).await?;
+                let spawner = self.spawner.get().ok_or_else(|| {
+                    Error::explain(ErrorType::InternalError, "no subrequest spawner")
+                })?;
+                relay::run(session, spawner, relayed, body).await?;
                 Ok(true)
             }
             Verdict::Pass(_, decision) => {

@@ -22,6 +22,7 @@ use pingora::prelude::*;
 use pingora::protocols::http::v1::client::http_req_header_to_wire;
 use pingora::protocols::http::{HttpTask, ServerSession};
 use pingora::proxy::subrequest::{BodyMode, Ctx as SubrequestCtx};
+use pingora::proxy::SubrequestSpawner;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -63,11 +64,12 @@ pub fn wanted(verdict: &Verdict, held: &Held) -> bool {
 /// Proxies the admitted request through the inner leg and answers the client with what it says.
 /// `body`: the request body when it was read whole before the decision (then it is sent as it
 /// is, with its length); otherwise the client's body is streamed on.
-pub async fn run(session: &mut Session, relayed: Relayed, body: Option<Bytes>) -> Result<()> {
-    let spawner = session
-        .subrequest_spawner
-        .take()
-        .ok_or_else(|| Error::explain(InternalError, "no subrequest spawner"))?;
+pub async fn run(
+    session: &mut Session,
+    spawner: &SubrequestSpawner,
+    relayed: Relayed,
+    body: Option<Bytes>,
+) -> Result<()> {
     let streamed = body.is_none() && !session.as_downstream_mut().is_body_empty();
     let wire = inner_head(
         session.req_header(),
