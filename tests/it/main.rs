@@ -26,3 +26,4 @@ mod tls_listener;
 mod topologies;
 mod upstream_schemes;
 mod usage;
+mod usage_aborts;
