@@ -204,6 +204,11 @@ impl Proxy {
         })
     }
 
+    /// The process's id, e.g. to read its memory in `/proc/<pid>/status`.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     /// `kill <sig> <pid>`, e.g. `-HUP`.
     pub fn signal(&self, sig: &str) {
         let pid = self.child.as_ref().expect("running").id().to_string();
