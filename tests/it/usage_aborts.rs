@@ -301,7 +301,7 @@ fn a_5_mib_json_answer_is_charged_exactly() {
 fn a_10000_event_stream_is_charged_exactly() {
     let rig = Rig::start_routes(
         "  - name: openai\n    match: { path_prefix: \"/v1/chat/completions\" }\n    upstream: \"UPSTREAM\"\n    limits:\n      - { name: tokens, capacity: 100000, refill: \"1/h\", key: \"header:x-api-key\", charge_from_response: \"sse:usage.total_tokens\" }\n\
-           - name: anthropic\n    match: { path_prefix: \"/v1/messages\" }\n    upstream: \"UPSTREAM\"\n    limits:\n      - name: tokens\n        capacity: 100000\n        refill: \"1/h\"\n        key: \"header:x-api-key\"\n        charge_from_response: { sum: [\"sse:message.usage.input_tokens\", \"sse:usage.output_tokens\"] }\n",
+           \x20 - name: anthropic\n    match: { path_prefix: \"/v1/messages\" }\n    upstream: \"UPSTREAM\"\n    limits:\n      - name: tokens\n        capacity: 100000\n        refill: \"1/h\"\n        key: \"header:x-api-key\"\n        charge_from_response: { sum: [\"sse:message.usage.input_tokens\", \"sse:usage.output_tokens\"] }\n",
     );
     let r = post(
         rig.proxy.addr,
@@ -562,7 +562,7 @@ fn twenty_clients_leaving_5_mib_answers_are_each_charged_without_the_proxy_keepi
     assert_eq!(rig.unreported(ROUTE), 0.0);
     assert_eq!(
         rig.charged(ROUTE),
-        21.0 * 50.0,
-        "each of the 20 and the warm-up"
+        20.0 * 2.0 + 50.0 + 20.0 * 50.0,
+        "the warm-up's 20 small answers and its big one, and each of the 20 left"
     );
 }
