@@ -14,6 +14,7 @@ use crate::metrics::{Closed, Metrics, Outcome};
 use crate::plan::{Plan, RoutePlan};
 use crate::relay::{self, Relayed};
 use crate::reload::LivePlan;
+use crate::usage::strip::StripUsage;
 use crate::usage::{self, Reported};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -69,6 +70,10 @@ pub struct RequestCtx {
     reported: Reported,
     /// Set in a relay's inner leg (`relay`): the outer leg decided and counts.
     inner: Option<Inner>,
+    /// The proxy asked the stream for its usage (`stream_usage`), which the client did not.
+    usage_asked: bool,
+    /// Takes that usage chunk out of the stream the client gets.
+    strip: Option<StripUsage>,
 }
 
 /// What a relay's inner leg knows of the client, whose connection it does not have.
@@ -109,6 +114,7 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
                 te_trailers: relayed.te_trailers,
                 gone: relayed.gone,
             });
+            ctx.usage_asked = relayed.usage_asked;
             return Ok(false);
         }
         let plan = self.plan.load_full();
@@ -364,6 +370,9 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             }
         }
         ctx.reported.head(&ctx.held, upstream_response);
+        if ctx.usage_asked && usage::strip::applies(upstream_response) {
+            ctx.strip = Some(StripUsage::default());
+        }
         if let (Some((decision, limits)), Some(route)) = (&ctx.decision, route_of(ctx)) {
             head_room::response(upstream_response, headers::MOST, |map| {
                 route.headers.each(decision, limits, |name, value| {
@@ -382,6 +391,14 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
         ctx: &mut RequestCtx,
     ) -> Result<Option<std::time::Duration>> {
         ctx.reported.body(body.as_ref(), end_of_stream);
+        if let Some(strip) = ctx
+            .strip
+            .as_mut()
+            .filter(|_| body.is_some() || end_of_stream)
+        {
+            let chunk = body.as_deref().unwrap_or_default();
+            *body = Some(strip.filter(chunk, end_of_stream));
+        }
         if let Some(inner) = &ctx.inner {
             if inner.gone.load(Ordering::Relaxed) && ctx.reported.body_bytes > relay::DRAIN_CAP {
                 return Error::e_explain(
@@ -522,6 +539,7 @@ impl<L: Limiter> RateLimitProxy<L> {
                             .get(header::TE)
                             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers")),
                     gone: Arc::default(),
+                    usage_asked: ctx.usage_asked,
                 };
                 let spawner = self.spawner.get().ok_or_else(|| {
                     Error::explain(ErrorType::InternalError, "no subrequest spawner")
@@ -561,10 +579,12 @@ impl<L: Limiter> RateLimitProxy<L> {
             true => usage::request::reservations(reserves, &body),
             false => Vec::new(),
         };
-        let body = match route.stream_usage {
-            true => usage::request::ask_stream_usage(&body).map_or(body, Bytes::from),
-            false => body,
-        };
+        let asked = route
+            .stream_usage
+            .then(|| usage::request::ask_stream_usage(&body))
+            .flatten();
+        ctx.usage_asked = asked.is_some();
+        let body = asked.map_or(body, Bytes::from);
         let req = session.req_header();
         let pseudo = (req.version == http::Version::HTTP_2)
             .then(|| req.uri.authority().map(|a| a.as_str().as_bytes()))

@@ -45,6 +45,8 @@ pub struct Relayed {
     pub te_trailers: bool,
     /// Set once the client is gone: the inner leg then stops at `DRAIN_CAP`.
     pub gone: Arc<AtomicBool>,
+    /// The proxy asked the stream for its usage on the client's behalf (`usage::strip`).
+    pub usage_asked: bool,
 }
 
 /// The subrequest's context carries one `Relayed`, taken by its `request_filter`.

@@ -6,6 +6,7 @@
 pub mod request;
 pub mod scan;
 pub mod sse;
+pub mod strip;
 
 use crate::config::{Charge, UsageSource};
 use crate::held::Held;
