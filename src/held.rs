@@ -44,6 +44,27 @@ impl Held {
         true
     }
 
+    /// A copy of its leases alone, to renew them from elsewhere (the relay's outer leg, while
+    /// the request waits on its upstream); it releases nothing and moves no gauge.
+    pub fn lease_copy(&self) -> Held {
+        let copy = |leases: &[Lease]| -> Vec<Lease> {
+            leases
+                .iter()
+                .map(|l| Lease {
+                    key: l.key.clone(),
+                    params: l.params,
+                    gauge: None,
+                })
+                .collect()
+        };
+        Held {
+            store: copy(&self.store),
+            local: copy(&self.local),
+            owed: Vec::new(),
+            renewed: self.renewed,
+        }
+    }
+
     /// Whether it holds any lease.
     pub fn leases(&self) -> bool {
         !(self.store.is_empty() && self.local.is_empty())

@@ -44,9 +44,6 @@ pub struct RoutePlan {
     /// A limit refunds unused usage: tokens can come back through another proxy, so the deny
     /// cache, which assumes they only go, is not used for the route.
     pub refunds: bool,
-    /// A limit is charged from the response: the request is proxied through a relay that reads
-    /// the answer to its end whatever the client does (`relay`).
-    pub relayed: bool,
     /// The request body is read before the decision: a limit reserves from it, or it may be
     /// rewritten (`stream_usage`).
     pub reads_body: bool,
@@ -170,7 +167,6 @@ impl Plan {
                     refunds: r.limits.iter().any(|l| {
                         l.reserve.is_some() || l.charge.as_ref().is_some_and(|c| c.refund_unused)
                     }),
-                    relayed: r.limits.iter().any(|l| l.charge.is_some()),
                     reads_body: r.stream_usage || r.limits.iter().any(|l| l.reserve.is_some()),
                     stream_usage: r.stream_usage,
                     single_headers: single_headers(r),

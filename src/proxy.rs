@@ -544,7 +544,14 @@ impl<L: Limiter> RateLimitProxy<L> {
                 let spawner = self.spawner.get().ok_or_else(|| {
                     Error::explain(ErrorType::InternalError, "no subrequest spawner")
                 })?;
-                relay::run(session, spawner, relayed, body).await?;
+                let mut leases = relayed.held.lease_copy();
+                let gate = self.gate.clone();
+                let renew = move || {
+                    if let Some(renewal) = gate.renewal(&mut leases) {
+                        tokio::spawn(renewal);
+                    }
+                };
+                relay::run(session, spawner, relayed, body, renew).await?;
                 Ok(true)
             }
             Verdict::Pass(_, decision) => {

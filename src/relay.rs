@@ -31,6 +31,9 @@ use std::sync::{Arc, Mutex};
 /// upstream is let go, and what was drawn up front stands.
 pub const DRAIN_CAP: u64 = 64 << 20;
 
+/// How often the outer leg looks whether the request's leases are due for renewal.
+const RENEW_TICK: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// What the outer leg hands the inner one: everything the gate decided.
 pub struct Relayed {
     pub plan: Arc<Plan>,
@@ -58,9 +61,11 @@ pub fn take(session: &mut Session) -> Option<Relayed> {
     slot.downcast_ref::<Slot>()?.lock().ok()?.take()
 }
 
-/// Whether the verdict lets the request through with something to settle from its answer.
+/// Whether the verdict lets the request through with something to settle from its answer, or
+/// leases that must last as long as the upstream works on it (a client that resets must not
+/// free its slot while the upstream still answers).
 pub fn wanted(verdict: &Verdict, held: &Held) -> bool {
-    matches!(verdict, Verdict::Pass(..)) && held.owes(|_| true)
+    matches!(verdict, Verdict::Pass(..)) && (held.owes(|_| true) || held.leases())
 }
 
 /// Proxies the admitted request through the inner leg and answers the client with what it says.
@@ -71,6 +76,7 @@ pub async fn run(
     spawner: &SubrequestSpawner,
     relayed: Relayed,
     body: Option<Bytes>,
+    mut renew: impl FnMut(),
 ) -> Result<()> {
     let streamed = body.is_none() && !session.as_downstream_mut().is_body_empty();
     let wire = inner_head(
@@ -96,8 +102,13 @@ pub async fn run(
     let mut pending = body.map(|b| HttpTask::Body(Some(b), true));
     let mut request_done = !streamed;
     let mut answered = false;
+    // Leases are kept alive while the request waits on its upstream too, not only while a body
+    // moves (`renew` renews them when a third of their life has passed).
+    let mut tick = tokio::time::interval(RENEW_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = tick.tick() => renew(),
             task = handle.rx.recv() => {
                 let Some(task) = task else { break };
                 let done = matches!(task, HttpTask::Done | HttpTask::Failed(_));

@@ -36,10 +36,27 @@ impl Fleet {
         Fleet::with(None, "", 1, limits)
     }
 
+    /// The same, with HTTP/2 cleartext (prior knowledge) on the listener too.
+    fn alone_h2c(limits: &str) -> Fleet {
+        Fleet::with(None, "H2C", 1, limits)
+    }
+
     fn with(redis: Option<RedisServer>, store: &str, n: usize, limits: &str) -> Fleet {
         let upstream = Upstream::start();
+        // A lease may not be shorter than the upstream's read timeout: a short lease comes with
+        // as short a timeout.
+        let read = limits
+            .split("lease_ms: ")
+            .nth(1)
+            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .map(|ms| format!("    read_timeout_ms: {ms}\n"))
+            .unwrap_or_default();
+        let (listen, store) = match store {
+            "H2C" => ("listen:\n  - { address: \"{listen}\", h2c: true }", ""),
+            store => ("listen: \"{listen}\"", store),
+        };
         let yaml = format!(
-            "listen: \"{{listen}}\"\nadmin: \"{{admin}}\"\n{store}routes:\n  - name: llm\n    upstream: \"{}\"\n    limits:\n{limits}",
+            "{listen}\nadmin: \"{{admin}}\"\n{store}routes:\n  - name: llm\n    upstream: \"{}\"\n{read}    limits:\n{limits}",
             upstream.addr
         );
         let proxies = std::thread::scope(|s| {
@@ -192,10 +209,11 @@ fn leases_a_killed_proxy_held_expire_after_lease_ms() {
     drop(victim);
 }
 
-/// In one proxy with the in-memory store: the same limit, a lease released when the client goes
-/// away mid-request.
+/// In one proxy with the in-memory store: a client that goes away mid-request does not free its
+/// lease while the upstream still works on its request (or a client could reset and reopen its
+/// way past the limit); the lease is released when the upstream's answer ends.
 #[test]
-fn a_concurrency_limit_in_memory_releases_a_lease_when_its_client_goes_away() {
+fn a_concurrency_limit_in_memory_keeps_a_lease_until_the_upstream_answers_a_client_gone() {
     let fleet =
         Fleet::alone("      - { name: inflight, concurrency: 1, key: \"header:x-api-key\" }\n");
     let proxy = &fleet.proxies[0];
@@ -210,11 +228,14 @@ fn a_concurrency_limit_in_memory_releases_a_lease_when_its_client_goes_away() {
     let r = proxy.get("/x", &[KEY]);
     assert_eq!(r.status, 429, "{r:?}");
     drop(gone);
+    let r = proxy.get("/x", &[KEY]);
+    assert_eq!(r.status, 429, "the upstream still works on it: {r:?}");
+    assert_eq!(fleet.upstream.in_flight(), 1);
+    fleet.upstream.open(true);
     wait_for("the lease released", Duration::from_secs(10), || {
         (fleet.inflight("inflight") == 0).then_some(())
     });
     assert_eq!(proxy.get("/x", &[KEY]).status, 200);
-    fleet.upstream.open(true);
     assert!(fleet.redis.is_none());
 }
 
@@ -571,4 +592,65 @@ fn a_stream_longer_than_its_lease_keeps_it_on_redis() {
 #[test]
 fn a_stream_longer_than_its_lease_keeps_it_in_memory() {
     a_stream_longer_than_its_lease_keeps_it(Fleet::alone(SHORT_LEASES));
+}
+
+/// Reset and reopen (issue 32): clients of one key that open a request, leave before the answer
+/// (an HTTP/1.1 close, an HTTP/2 RST_STREAM) and open the next at once never put more requests
+/// at the upstream than the limit: a lease lasts as long as the upstream works on its request.
+fn a_reset_storm_never_puts_more_than_the_limit_at_the_upstream(proto: &str) {
+    let fleet =
+        Fleet::alone_h2c("      - { name: inflight, concurrency: 2, key: \"header:x-api-key\" }\n");
+    let proxy = &fleet.proxies[0];
+    let started = Instant::now();
+    let mut left = 0;
+    // Bounded: 3 s of open-and-leave, or 60 rounds.
+    while started.elapsed() < Duration::from_secs(3) && left < 60 {
+        let out = std::process::Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/fixtures/llm/abort_client.py"
+            ))
+            .arg(proxy.addr.to_string())
+            .args([
+                "--proto",
+                proto,
+                "--at",
+                "before-head",
+                "--wait-ms",
+                "20",
+                "--path",
+                "/hold",
+            ])
+            .args(["--header", &format!("{}: {}", KEY.0, KEY.1), "--body", "{}"])
+            .output()
+            .expect("python3 with h2 (scripts/test installs it)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        left += 1;
+    }
+    let most = fleet.upstream.most_in_flight();
+    eprintln!("{proto}: {left} requests opened and left; most at the upstream at once: {most}");
+    assert_eq!(most, 2, "the limit is 2, the upstream held {most} at once");
+    assert_eq!(
+        fleet.inflight("inflight"),
+        2,
+        "two leases held while the upstream works"
+    );
+    fleet.upstream.open(true);
+    wait_for("the leases released", Duration::from_secs(10), || {
+        (fleet.inflight("inflight") == 0).then_some(())
+    });
+}
+
+#[test]
+fn an_http1_reset_storm_never_puts_more_than_the_limit_at_the_upstream() {
+    a_reset_storm_never_puts_more_than_the_limit_at_the_upstream("h1");
+}
+
+#[test]
+fn an_http2_reset_storm_never_puts_more_than_the_limit_at_the_upstream() {
+    a_reset_storm_never_puts_more_than_the_limit_at_the_upstream("h2");
 }

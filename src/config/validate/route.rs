@@ -208,6 +208,23 @@ impl Validator<'_> {
                 }
             }
             if let Some(limit) = self.limit(r, &lbase, raw) {
+                let read = upstream_timeouts.read.as_millis() as u64;
+                if let Allowance::Concurrency {
+                    lease_ms: Some(ms), ..
+                } = limit.allowance
+                {
+                    if ms < read {
+                        self.problem(
+                            r,
+                            at(&lbase, &["lease_ms"]),
+                            format!(
+                                "must be at least the route's read_timeout_ms ({read}), got {ms}: a \
+                                 lease that ends while the upstream may still be answering frees a \
+                                 slot for another request of the key"
+                            ),
+                        );
+                    }
+                }
                 limits.push(limit);
             }
         }
