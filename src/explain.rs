@@ -96,6 +96,19 @@ fn describe(r: &Route) -> String {
 fn key_name(k: &KeySource) -> String {
     match k {
         KeySource::Route => "route (one bucket for all)".into(),
+        KeySource::Bearer => "bearer (the Authorization: Bearer token, hashed)".into(),
+        KeySource::FirstOf(alternatives) => {
+            let each: Vec<String> = alternatives.iter().map(ToString::to_string).collect();
+            format!(
+                "the first present of {}{}",
+                each.join(" | "),
+                if k.is_secret() {
+                    " (hashed: it can be the Authorization: Bearer token)"
+                } else {
+                    ""
+                }
+            )
+        }
         other => other.to_string(),
     }
 }
