@@ -1,7 +1,7 @@
 //! The compiled route table in words, for `--check`: what will apply to which request, in the
 //! order routes are tried, so an operator can see it before a request does.
 
-use crate::config::{Config, DenyFormat, DenyFormatName, KeySource, MissingKey, Route};
+use crate::config::{Config, KeySource, MissingKey, Route};
 use std::fmt::Write;
 
 pub fn route_table(config: &Config) -> String {
@@ -79,13 +79,19 @@ fn describe(r: &Route) -> String {
     let host = r.host.as_deref().unwrap_or("any host");
     let upstreams: Vec<String> = r.upstreams.iter().map(|u| u.to_string()).collect();
     let on_error = r.on_redis_error;
-    let deny = match r.deny.format {
-        DenyFormat::Text => DenyFormatName::Text.as_str(),
-        DenyFormat::Custom { .. } => "custom body",
-        DenyFormat::ProblemJson => DenyFormatName::ProblemJson.as_str(),
+    let deny = r.deny.format.describe();
+    // A missing key's status only matters where a limit refuses a request without one.
+    let missing = if r
+        .limits
+        .iter()
+        .any(|l| l.on_missing_key == MissingKey::Deny)
+    {
+        format!(", missing key {}", r.deny.missing_key_status)
+    } else {
+        String::new()
     };
     format!(
-        "{}: {methods} {host} {}* -> {} | on_redis_error {on_error} | deny {} {deny}",
+        "{}: {methods} {host} {}* -> {} | on_redis_error {on_error} | deny {} {deny}{missing}",
         r.name,
         r.path_prefix,
         upstreams.join(", "),

@@ -1,4 +1,5 @@
-//! What clients see of a decision: the rate-limit response headers and the 429's body.
+//! What clients see of a decision: the rate-limit response headers (a refusal's body is
+//! `refusal`'s).
 //!
 //! Two vocabularies, because clients know both: the de-facto `X-RateLimit-*` trio, and the IETF
 //! fields of draft-ietf-httpapi-ratelimit-headers-10 (`RateLimit-Policy` lists every limit of the
@@ -7,8 +8,9 @@
 
 use crate::calendar::{self, Period};
 use crate::clock::{Clock, SystemClock};
-use crate::config::{Allowance, DenyFormat, Route};
+use crate::config::{Allowance, Route};
 use crate::limiter::Decision;
+use crate::refusal::{Refusal, Wait};
 use crate::text;
 use http::{HeaderName, HeaderValue};
 
@@ -188,8 +190,11 @@ impl RouteHeaders {
             status,
             route,
             violated,
-            retry_after: Some(retry_after_secs(decision)),
-            resets_at,
+            wait: Some(Wait {
+                secs: retry_after_secs(decision),
+                ms: retry_after_ms(decision),
+                resets_at,
+            }),
         };
         (extra, why)
     }
@@ -220,94 +225,10 @@ pub fn retry_after_secs(decision: &Decision) -> u64 {
     secs_ceil(decision.retry_after_us()).max(1)
 }
 
-/// Why a request is refused: the limits it violated, and when it may come back (`None`: not by
-/// waiting, its key is missing).
-pub struct Refusal<'a> {
-    pub status: u16,
-    pub route: &'a str,
-    pub violated: Vec<&'a str>,
-    pub retry_after: Option<u64>,
-    /// When a refused quota is whole again (Unix seconds, a period boundary).
-    pub resets_at: Option<u64>,
-}
-
-/// The IETF problem type for an exhausted quota (draft-ietf-httpapi-ratelimit-headers).
-const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
-
-/// The content type and body of a refusal in the route's chosen format. Written without `format!`:
-/// a client flooding an exhausted key gets one of these per request.
-pub fn refusal_body<'a>(format: &'a DenyFormat, why: &Refusal<'_>) -> (&'a str, String) {
-    let detail = refusal_detail(why);
-    match format {
-        DenyFormat::Text => {
-            let reason = http::StatusCode::from_u16(why.status)
-                .ok()
-                .and_then(|s| s.canonical_reason())
-                .unwrap_or("Refused");
-            let mut body = String::with_capacity(detail.len() + reason.len() + 8);
-            body.push_str(text::decimal_str(why.status.into(), &mut [0; 20]));
-            body.push(' ');
-            body.push_str(reason);
-            body.push_str(": ");
-            body.push_str(&detail);
-            body.push('\n');
-            ("text/plain; charset=utf-8", body)
-        }
-        DenyFormat::Custom { body, content_type } => (content_type, body.clone()),
-        // Route and limit names are [A-Za-z0-9_-]: nothing in them needs JSON escaping.
-        DenyFormat::ProblemJson => (
-            "application/problem+json",
-            format!(
-                "{{\"type\":\"{QUOTA_EXCEEDED}\",\"title\":\"Request cannot be satisfied as assigned quota has been exceeded\",\
-                 \"status\":{},\"detail\":\"{}\",\"violated-policies\":[{}]}}",
-                why.status,
-                detail.replace('"', "'"),
-                why.violated.iter().map(|v| format!("\"{v}\"")).collect::<Vec<_>>().join(",")
-            ),
-        ),
-    }
-}
-
-/// Why a request was refused, in words: `limit "burst" of route "api" is exhausted; retry in 3 s`.
-pub fn refusal_detail(why: &Refusal<'_>) -> String {
-    let mut detail = String::with_capacity(96);
-    detail.push_str("limit ");
-    for (i, name) in why.violated.iter().enumerate() {
-        if i > 0 {
-            detail.push_str(", ");
-        }
-        detail.push('"');
-        detail.push_str(name);
-        detail.push('"');
-    }
-    detail.push_str(" of route \"");
-    detail.push_str(why.route);
-    match why.retry_after {
-        Some(s) => {
-            detail.push_str("\" is exhausted; retry in ");
-            detail.push_str(text::decimal_str(s, &mut [0; 20]));
-            detail.push_str(" s");
-            if let Some(at) = why.resets_at {
-                detail.push_str(" (the quota is whole again at ");
-                detail.push_str(&utc(at));
-                detail.push(')');
-            }
-        }
-        None => detail.push_str("\" needs a key this request does not carry"),
-    }
-    detail
-}
-
-/// Unix seconds as `2027-01-01T00:00:00Z`.
-fn utc(secs: u64) -> String {
-    let (y, m, d) = calendar::civil_from_days((secs / 86_400) as i64);
-    let s = secs % 86_400;
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        s / 3600,
-        s / 60 % 60,
-        s % 60
-    )
+/// `retry-after-ms` of a rejection: the same wait in milliseconds, rounded up, at least 1; in
+/// seconds, rounded up, it is `Retry-After`.
+pub fn retry_after_ms(decision: &Decision) -> u64 {
+    decision.retry_after_us().div_ceil(1_000).max(1)
 }
 
 fn secs_ceil(us: u64) -> u64 {
@@ -342,37 +263,6 @@ mod tests {
             held: 0,
             lag_us: 0,
         }
-    }
-
-    #[test]
-    fn refusal_bodies_read_as_written() {
-        let why = |violated, retry_after| Refusal {
-            status: 429,
-            route: "api",
-            violated,
-            retry_after,
-            resets_at: None,
-        };
-        let text = |w: &Refusal<'_>| refusal_body(&DenyFormat::Text, w);
-        assert_eq!(
-            text(&why(vec!["burst"], Some(60))),
-            (
-                "text/plain; charset=utf-8",
-                "429 Too Many Requests: limit \"burst\" of route \"api\" is exhausted; retry in 60 s\n"
-                    .to_string()
-            )
-        );
-        assert_eq!(
-            text(&why(vec!["a", "b"], None)).1,
-            "429 Too Many Requests: limit \"a\", \"b\" of route \"api\" needs a key this request does not carry\n"
-        );
-        let (content_type, json) =
-            refusal_body(&DenyFormat::ProblemJson, &why(vec!["a", "b"], Some(1)));
-        assert_eq!(content_type, "application/problem+json");
-        assert!(
-            json.contains("\"detail\":\"limit 'a', 'b' of route 'api' is exhausted; retry in 1 s\",\"violated-policies\":[\"a\",\"b\"]"),
-            "{json}"
-        );
     }
 
     #[test]

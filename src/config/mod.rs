@@ -296,15 +296,24 @@ impl Allow {
 /// What a rejected client gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DenyResponse {
+    /// A request a limit refused (waiting will help).
     pub status: u16,
+    /// A request refused because a limit with `on_missing_key: deny` found no key (a 4xx: it is
+    /// the client's credentials that are wanting, not its pace).
+    pub missing_key_status: u16,
     pub format: DenyFormat,
 }
+
+/// `deny.missing_key_status` when the config leaves it out.
+pub const DEFAULT_MISSING_KEY_STATUS: u16 = 401;
 
 words! {
     /// The words of `deny.format`.
     pub enum DenyFormatName {
         Text = "text",
         ProblemJson = "problem_json",
+        OpenAi = "openai",
+        Anthropic = "anthropic",
     }
 }
 
@@ -317,6 +326,25 @@ pub enum DenyFormat {
     /// `application/problem+json` with the IETF `quota-exceeded` problem type and
     /// `violated-policies`.
     ProblemJson,
+    /// The error object of OpenAI's API, which its SDKs read (`rate_limit_exceeded`,
+    /// `insufficient_quota`, `missing_api_key`), with `retry-after-ms`.
+    OpenAi,
+    /// The error object of Anthropic's API (`rate_limit_error`, `authentication_error`), with
+    /// `retry-after-ms`.
+    Anthropic,
+}
+
+impl DenyFormat {
+    /// The word `--check` shows.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            DenyFormat::Text => DenyFormatName::Text.as_str(),
+            DenyFormat::Custom { .. } => "custom body",
+            DenyFormat::ProblemJson => DenyFormatName::ProblemJson.as_str(),
+            DenyFormat::OpenAi => DenyFormatName::OpenAi.as_str(),
+            DenyFormat::Anthropic => DenyFormatName::Anthropic.as_str(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

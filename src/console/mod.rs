@@ -37,6 +37,8 @@ fn route(r: &Route) -> Value {
         "on_redis_error": r.on_redis_error.as_str(),
         "shadow": r.shadow,
         "deny_status": r.deny.status,
+        "missing_key_status": r.deny.missing_key_status,
+        "deny_format": r.deny.format.describe(),
         "limits": r.limits.iter().map(|l| json!({
             "name": l.name,
             "kind": l.allowance.kind(),
