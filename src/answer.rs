@@ -5,8 +5,8 @@
 use crate::gate::Verdict;
 use crate::grpc;
 use crate::head_room;
-use crate::headers::{self, Refusal};
 use crate::plan::RoutePlan;
+use crate::refusal::{self, Refusal};
 use bytes::Bytes;
 use http::{header, HeaderName, HeaderValue};
 use pingora::http::ResponseHeader;
@@ -31,14 +31,20 @@ pub async fn refusal(session: &mut Session, route: &RoutePlan, verdict: Verdict)
             refuse(session, route, extra, &why).await
         }
         Verdict::MissingKey(i) => {
-            let why = Refusal {
-                status: route.deny.status,
-                route: &route.name,
-                violated: vec![route.headers.limit_name(i)],
-                retry_after: None,
-                resets_at: None,
-            };
-            refuse(session, route, Vec::new(), &why).await
+            let why = missing_key(route, i, route.deny.missing_key_status);
+            // 401 asks for credentials (RFC 9110 §15.5.2): a bearer token's challenge, when the
+            // limit reads one. Nothing about limits: waiting will not help.
+            let mut extra = Vec::new();
+            let bearer = route.limits[i].key.iter().any(|k| k.is_secret());
+            if why.status == 401 && bearer {
+                let mut challenge = b"Bearer realm=\"".to_vec();
+                challenge.extend_from_slice(route.name.as_bytes());
+                challenge.push(b'"');
+                if let Ok(v) = HeaderValue::from_bytes(&challenge) {
+                    extra.push((header::WWW_AUTHENTICATE, v));
+                }
+            }
+            refuse(session, route, extra, &why).await
         }
         Verdict::Unavailable => {
             let body = "503 Service Unavailable: rate-limit store unavailable\n";
@@ -47,8 +53,19 @@ pub async fn refusal(session: &mut Session, route: &RoutePlan, verdict: Verdict)
     }
 }
 
+/// The refusal of a request whose limit `i` (`on_missing_key: deny`) found no key.
+fn missing_key(route: &RoutePlan, i: usize, status: u16) -> Refusal<'_> {
+    Refusal {
+        status,
+        route: &route.name,
+        violated: vec![route.headers.limit_name(i)],
+        wait: None,
+    }
+}
+
 /// A gRPC call's refusal (HTTP/2 only): trailers-only, RESOURCE_EXHAUSTED for a limit (with the
-/// rate-limit fields and `retry-after` as metadata), UNAVAILABLE for a store that failed closed.
+/// rate-limit fields and `retry-after` as metadata), UNAUTHENTICATED for a missing key,
+/// UNAVAILABLE for a store that failed closed.
 async fn refusal_grpc(session: &mut Session, route: &RoutePlan, verdict: Verdict) -> Result<()> {
     let (code, extra, detail) = match verdict {
         Verdict::Pass(..) => return Ok(()),
@@ -59,23 +76,14 @@ async fn refusal_grpc(session: &mut Session, route: &RoutePlan, verdict: Verdict
             (
                 grpc::RESOURCE_EXHAUSTED,
                 extra,
-                headers::refusal_detail(&why),
+                refusal::refusal_detail(&why),
             )
         }
-        Verdict::MissingKey(i) => {
-            let why = Refusal {
-                status: 200,
-                route: &route.name,
-                violated: vec![route.headers.limit_name(i)],
-                retry_after: None,
-                resets_at: None,
-            };
-            (
-                grpc::RESOURCE_EXHAUSTED,
-                Vec::new(),
-                headers::refusal_detail(&why),
-            )
-        }
+        Verdict::MissingKey(i) => (
+            grpc::UNAUTHENTICATED,
+            Vec::new(),
+            refusal::refusal_detail(&missing_key(route, i, 200)),
+        ),
         Verdict::Unavailable => (
             grpc::UNAVAILABLE,
             Vec::new(),
@@ -93,14 +101,15 @@ async fn refusal_grpc(session: &mut Session, route: &RoutePlan, verdict: Verdict
     Ok(())
 }
 
-/// Writes the route's deny response.
+/// Writes the route's deny response, with the headers its format adds.
 async fn refuse(
     session: &mut Session,
     route: &RoutePlan,
-    extra: Vec<(HeaderName, HeaderValue)>,
+    mut extra: Vec<(HeaderName, HeaderValue)>,
     why: &Refusal<'_>,
 ) -> Result<()> {
-    let (content_type, body) = headers::refusal_body(&route.deny.format, why);
+    refusal::format_headers(&route.deny.format, why, &mut extra);
+    let (content_type, body) = refusal::refusal_body(&route.deny.format, why);
     respond(session, why.status, content_type, extra, body).await
 }
 

@@ -35,9 +35,45 @@ impl RequestFacts<'_> {
             KeySource::Query(name) => value(query_param(self.query, name)),
             KeySource::Path => value(Some(self.path.as_bytes())),
             KeySource::Method => value(Some(self.method.as_bytes())),
+            KeySource::Bearer => match bearer_token(self.headers) {
+                Some(token) => Identity::Secret(token),
+                None => Identity::Missing,
+            },
+            KeySource::FirstOf(alternatives) => {
+                let found = alternatives.iter().find_map(|a| match self.part(a) {
+                    Identity::Value(v) | Identity::Secret(v) => Some(v),
+                    Identity::Missing | Identity::Route => None,
+                });
+                match found {
+                    // The same secret sent either way (`x-api-key` or `Bearer`) is one key.
+                    Some(v) if source.is_secret() => Identity::Secret(v),
+                    Some(v) => Identity::Value(v),
+                    None => Identity::Missing,
+                }
+            }
             KeySource::Route => Identity::Route,
         }
     }
+}
+
+/// The token of the request's `Authorization: Bearer <token>` (RFC 9110 §11.6.2, RFC 6750 §2.1):
+/// the scheme in any case, then spaces (or tabs), then one token; whitespace around the whole is
+/// trimmed. Anything else has no bearer token: no such header, two of them (which one would the
+/// upstream read?), another scheme, no token, or a token followed by more words.
+pub fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
+    let mut all = headers.get_all(http::header::AUTHORIZATION).iter();
+    let (value, None) = (all.next()?, all.next()) else {
+        return None;
+    };
+    let blank = |b: &u8| matches!(b, b' ' | b'\t');
+    let v = value.as_bytes().trim_ascii();
+    let gap = v.iter().position(blank)?;
+    let (scheme, rest) = v.split_at(gap);
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return None;
+    }
+    let token = rest.trim_ascii_start();
+    (!token.is_empty() && !token.iter().any(blank)).then_some(token)
 }
 
 /// The raw (still percent-encoded) value of the first `name=` parameter.
@@ -135,6 +171,79 @@ pub fn draws(route: &RoutePlan, facts: &RequestFacts<'_>) -> Draws {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn authorization(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(
+                http::header::AUTHORIZATION,
+                http::HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn a_bearer_token_is_read_as_the_rfcs_spell_it() {
+        for (values, want) in [
+            (&["Bearer sk-abc_1.2~+/="][..], Some("sk-abc_1.2~+/=")),
+            (&["bearer  tok"], Some("tok")),
+            (&["BEARER\ttok"], Some("tok")),
+            (&["  Bearer tok  "], Some("tok")),
+            (&["Bearer"], None),
+            (&["Bearer "], None),
+            (&["Bearertok"], None),
+            (&["Basic dXNlcjpwYXNz"], None),
+            (&["Bearer tok extra"], None),
+            (&["Bearer a", "Bearer b"], None),
+            (&["Bearer a", "Bearer a"], None),
+            (&[], None),
+        ] {
+            let h = authorization(values);
+            assert_eq!(bearer_token(&h), want.map(str::as_bytes), "{values:?}");
+        }
+    }
+
+    #[test]
+    fn alternatives_take_the_first_present_and_hash_a_secret_either_way() {
+        fn facts(headers: &HeaderMap) -> RequestFacts<'_> {
+            RequestFacts {
+                client_ip: "10.0.0.1",
+                method: "GET",
+                path: "/",
+                query: None,
+                headers,
+                reserved: &[],
+            }
+        }
+        let mut headers = authorization(&["Bearer sk-1"]);
+        let key = |text: &str| text.parse::<KeySource>().unwrap();
+        let f = facts(&headers);
+        assert_eq!(
+            f.part(&key("header:x-api-key|bearer")),
+            Identity::Secret(b"sk-1")
+        );
+        assert_eq!(f.part(&key("bearer")), Identity::Secret(b"sk-1"));
+        assert_eq!(
+            f.part(&key("header:x-api-key|client_ip")),
+            Identity::Value(b"10.0.0.1")
+        );
+        headers.insert("x-api-key", http::HeaderValue::from_static("sk-1"));
+        let f = facts(&headers);
+        assert_eq!(
+            f.part(&key("header:x-api-key|bearer")),
+            Identity::Secret(b"sk-1")
+        );
+        assert_eq!(
+            f.part(&key("header:x-api-key|query:k")),
+            Identity::Value(b"sk-1")
+        );
+        let none = HeaderMap::new();
+        assert_eq!(
+            facts(&none).part(&key("header:x-api-key|bearer")),
+            Identity::Missing
+        );
+    }
 
     #[test]
     fn query_parameters_are_found_by_exact_name() {

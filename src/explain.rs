@@ -1,7 +1,7 @@
 //! The compiled route table in words, for `--check`: what will apply to which request, in the
 //! order routes are tried, so an operator can see it before a request does.
 
-use crate::config::{Config, DenyFormat, DenyFormatName, KeySource, MissingKey, Route};
+use crate::config::{Config, KeySource, MissingKey, Route};
 use std::fmt::Write;
 
 pub fn route_table(config: &Config) -> String {
@@ -83,13 +83,19 @@ fn describe(r: &Route) -> String {
     let host = r.host.as_deref().unwrap_or("any host");
     let upstreams: Vec<String> = r.upstreams.iter().map(|u| u.to_string()).collect();
     let on_error = r.on_redis_error;
-    let deny = match r.deny.format {
-        DenyFormat::Text => DenyFormatName::Text.as_str(),
-        DenyFormat::Custom { .. } => "custom body",
-        DenyFormat::ProblemJson => DenyFormatName::ProblemJson.as_str(),
+    let deny = r.deny.format.describe();
+    // A missing key's status only matters where a limit refuses a request without one.
+    let missing = if r
+        .limits
+        .iter()
+        .any(|l| l.on_missing_key == MissingKey::Deny)
+    {
+        format!(", missing key {}", r.deny.missing_key_status)
+    } else {
+        String::new()
     };
     format!(
-        "{}: {methods} {host} {}* -> {} | on_redis_error {on_error} | deny {} {deny}",
+        "{}: {methods} {host} {}* -> {} | on_redis_error {on_error} | deny {} {deny}{missing}",
         r.name,
         r.path_prefix,
         upstreams.join(", "),
@@ -100,6 +106,19 @@ fn describe(r: &Route) -> String {
 fn key_name(k: &KeySource) -> String {
     match k {
         KeySource::Route => "route (one bucket for all)".into(),
+        KeySource::Bearer => "bearer (the Authorization: Bearer token, hashed)".into(),
+        KeySource::FirstOf(alternatives) => {
+            let each: Vec<String> = alternatives.iter().map(ToString::to_string).collect();
+            format!(
+                "the first present of {}{}",
+                each.join(" | "),
+                if k.is_secret() {
+                    " (hashed: it can be the Authorization: Bearer token)"
+                } else {
+                    ""
+                }
+            )
+        }
         other => other.to_string(),
     }
 }

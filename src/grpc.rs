@@ -9,6 +9,9 @@ use pingora::http::ResponseHeader;
 
 /// `grpc-status` of a request a limit refused.
 pub const RESOURCE_EXHAUSTED: u8 = 8;
+/// `grpc-status` of a request refused because a limit that needs a key found none
+/// (`on_missing_key: deny`): waiting will not help, credentials will.
+pub const UNAUTHENTICATED: u8 = 16;
 /// `grpc-status` of a request refused because the store is down on a fail-closed route.
 pub const UNAVAILABLE: u8 = 14;
 

@@ -1,14 +1,20 @@
-//! What clients see of a decision: the rate-limit response headers and the 429's body.
+//! What clients see of a decision: the rate-limit response headers (a refusal's body is
+//! `refusal`'s).
 //!
-//! Two vocabularies, because clients know both: the de-facto `X-RateLimit-*` trio, and the IETF
-//! fields of draft-ietf-httpapi-ratelimit-headers-10 (`RateLimit-Policy` lists every limit of the
-//! route; `RateLimit` reports the binding one, see `Decision::binding`). Fail-open responses carry
-//! none of them: the proxy does not know the state then.
+//! Two vocabularies, because clients know both: the de-facto `X-RateLimit-*` trio, which can only
+//! describe one limit, the binding one (`Decision::binding_by`: allowed, the one with the fewest
+//! *requests* left, `remaining / cost`; refused, the one waited for longest), in its own units;
+//! and the IETF fields of draft-ietf-httpapi-ratelimit-headers-10, which are lists:
+//! `RateLimit-Policy` every enforced limit of the route, `RateLimit` every limit the decision
+//! enforced, the binding one first and then the others in the route's order (a client that reads
+//! one item reads the binding one). Fail-open responses carry none of them: the proxy does not
+//! know the state then.
 
 use crate::calendar::{self, Period};
 use crate::clock::{Clock, SystemClock};
-use crate::config::{Allowance, DenyFormat, Route};
-use crate::limiter::Decision;
+use crate::config::{Allowance, Route};
+use crate::limiter::{Decision, LimitState};
+use crate::refusal::{Refusal, Wait};
 use crate::text;
 use http::{HeaderName, HeaderValue};
 
@@ -31,6 +37,11 @@ pub const MOST: usize = 6;
 pub struct RouteHeaders {
     names: Vec<String>,
     capacities: Vec<u64>,
+    /// What one request takes from each limit: the binding limit is the one with the fewest
+    /// requests left.
+    costs: Vec<u64>,
+    /// Each limit is a concurrency limit.
+    concurrent: Vec<bool>,
     /// Each limit's quota period, for a quota.
     periods: Vec<Option<Period>>,
     policy: Option<HeaderValue>,
@@ -67,6 +78,12 @@ impl RouteHeaders {
                 .iter()
                 .map(|l| l.allowance.capacity())
                 .collect(),
+            costs: route.limits.iter().map(|l| l.cost.max(1)).collect(),
+            concurrent: route
+                .limits
+                .iter()
+                .map(|l| matches!(l.allowance, Allowance::Concurrency { .. }))
+                .collect(),
             periods: route
                 .limits
                 .iter()
@@ -92,35 +109,24 @@ impl RouteHeaders {
     }
 
     /// Calls `put` with every header that describes `decision`, whose `limits[j]` is the route's
-    /// limit `limits[j]`. A rejection adds `Retry-After`, and then `RateLimit`'s `t` is the same
-    /// number of seconds.
+    /// limit `limits[j]`. A rejection adds `Retry-After`, and then `RateLimit`'s `t` of the limit
+    /// waited for longest is the same number of seconds.
     pub fn each(
         &self,
         decision: &Decision,
         limits: &[usize],
         mut put: impl FnMut(HeaderName, HeaderValue),
     ) {
-        let Some(j) = decision.binding() else { return };
+        let cost = |j: usize| limits.get(j).map_or(1, |&i| self.costs[i]);
+        let Some(j) = decision.binding_by(cost) else {
+            return;
+        };
         let (Some(state), Some(&i)) = (decision.limits.get(j), limits.get(j)) else {
             return;
         };
-        let t = if decision.allowed {
-            secs_ceil(state.wait_us)
-        } else {
-            retry_after_secs(decision)
-        };
-        put(
-            X_RATELIMIT_LIMIT.clone(),
-            HeaderValue::from(self.capacities[i]),
-        );
-        put(
-            X_RATELIMIT_REMAINING.clone(),
-            HeaderValue::from(state.remaining),
-        );
-        put(
-            X_RATELIMIT_RESET.clone(),
-            HeaderValue::from(secs_ceil(state.reset_us)),
-        );
+        put(X_RATELIMIT_LIMIT.clone(), number(self.capacities[i]));
+        put(X_RATELIMIT_REMAINING.clone(), number(state.remaining));
+        put(X_RATELIMIT_RESET.clone(), number(secs_ceil(state.reset_us)));
         let policy = match &self.monthly {
             Some(by_length) => {
                 let days = Period::Month.length_secs(SystemClock.now_us()) / 86_400;
@@ -131,28 +137,59 @@ impl RouteHeaders {
         if let Some(p) = policy {
             put(RATELIMIT_POLICY.clone(), p.clone());
         }
-        if let Ok(v) = HeaderValue::from_maybe_shared(self.ratelimit(i, state.remaining, t)) {
+        if let Ok(v) = HeaderValue::from_maybe_shared(self.ratelimit(decision, limits, j)) {
             put(RATELIMIT.clone(), v);
         }
         if !decision.allowed {
-            put(RETRY_AFTER.clone(), HeaderValue::from(t));
+            put(RETRY_AFTER.clone(), number(retry_after_secs(decision)));
         }
     }
 }
 
 impl RouteHeaders {
-    /// `"name";r=remaining;t=seconds`, written without `format!` (this is on every allowed
-    /// response).
-    fn ratelimit(&self, i: usize, remaining: u64, t: u64) -> bytes::Bytes {
-        let name = &self.names[i];
-        let mut v = Vec::with_capacity(name.len() + 50);
-        v.push(b'"');
-        v.extend_from_slice(name.as_bytes());
-        v.extend_from_slice(b"\";r=");
-        text::decimal(&mut v, remaining);
-        v.extend_from_slice(b";t=");
-        text::decimal(&mut v, t);
+    /// `RateLimit`: an item `"name";r=remaining;t=seconds` for every limit of the decision,
+    /// `binding` first, then the others in order. Written without `format!`, its length counted
+    /// first so that its buffer is allocated once, exactly, and becomes the value as it is (this
+    /// is on every allowed response).
+    fn ratelimit(&self, decision: &Decision, limits: &[usize], binding: usize) -> bytes::Bytes {
+        let mut v = Vec::with_capacity(self.ratelimit_len(decision, limits, binding));
+        for (n, (i, state)) in items(decision, limits, binding).enumerate() {
+            if n > 0 {
+                v.extend_from_slice(b", ");
+            }
+            v.push(b'"');
+            v.extend_from_slice(self.names[i].as_bytes());
+            v.extend_from_slice(b"\";r=");
+            text::decimal(&mut v, state.remaining);
+            v.extend_from_slice(b";t=");
+            text::decimal(&mut v, self.item_t(i, state));
+        }
         v.into()
+    }
+
+    /// The length of `ratelimit`'s value.
+    fn ratelimit_len(&self, decision: &Decision, limits: &[usize], binding: usize) -> usize {
+        items(decision, limits, binding)
+            .map(|(i, state)| {
+                // `, "` name `";r=` digits `;t=` digits; the first item has no `, `.
+                self.names[i].len() + 10 + digits(state.remaining) + digits(self.item_t(i, state))
+            })
+            .sum::<usize>()
+            .saturating_sub(2)
+    }
+
+    /// An item's `t`: for a limit that held the cost, the seconds until its next whole token (a
+    /// quota's boundary; 0 when full, and 0 for a concurrency limit with a lease left, which is
+    /// free now); for one that refused, the seconds until the cost is there, at least 1, so the
+    /// longest of them is `Retry-After`.
+    fn item_t(&self, i: usize, state: &LimitState) -> u64 {
+        if !state.ok {
+            secs_ceil(state.wait_us).max(1)
+        } else if self.concurrent[i] && state.remaining > 0 {
+            0
+        } else {
+            secs_ceil(state.wait_us)
+        }
     }
 
     /// A rejection's headers, and its body's reasons: the limits that refused it.
@@ -163,7 +200,7 @@ impl RouteHeaders {
         status: u16,
         route: &'a str,
     ) -> (Vec<(HeaderName, HeaderValue)>, Refusal<'a>) {
-        let mut extra = Vec::with_capacity(6);
+        let mut extra = Vec::with_capacity(MOST + 2);
         self.each(decision, limits, |name, value| extra.push((name, value)));
         let violated = decision
             .limits
@@ -188,8 +225,11 @@ impl RouteHeaders {
             status,
             route,
             violated,
-            retry_after: Some(retry_after_secs(decision)),
-            resets_at,
+            wait: Some(Wait {
+                secs: retry_after_secs(decision),
+                ms: retry_after_ms(decision),
+                resets_at,
+            }),
         };
         (extra, why)
     }
@@ -220,94 +260,35 @@ pub fn retry_after_secs(decision: &Decision) -> u64 {
     secs_ceil(decision.retry_after_us()).max(1)
 }
 
-/// Why a request is refused: the limits it violated, and when it may come back (`None`: not by
-/// waiting, its key is missing).
-pub struct Refusal<'a> {
-    pub status: u16,
-    pub route: &'a str,
-    pub violated: Vec<&'a str>,
-    pub retry_after: Option<u64>,
-    /// When a refused quota is whole again (Unix seconds, a period boundary).
-    pub resets_at: Option<u64>,
+/// `retry-after-ms` of a rejection: the same wait in milliseconds, rounded up, at least 1; in
+/// seconds, rounded up, it is `Retry-After`.
+pub fn retry_after_ms(decision: &Decision) -> u64 {
+    decision.retry_after_us().div_ceil(1_000).max(1)
 }
 
-/// The IETF problem type for an exhausted quota (draft-ietf-httpapi-ratelimit-headers).
-const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
-
-/// The content type and body of a refusal in the route's chosen format. Written without `format!`:
-/// a client flooding an exhausted key gets one of these per request.
-pub fn refusal_body<'a>(format: &'a DenyFormat, why: &Refusal<'_>) -> (&'a str, String) {
-    let detail = refusal_detail(why);
-    match format {
-        DenyFormat::Text => {
-            let reason = http::StatusCode::from_u16(why.status)
-                .ok()
-                .and_then(|s| s.canonical_reason())
-                .unwrap_or("Refused");
-            let mut body = String::with_capacity(detail.len() + reason.len() + 8);
-            body.push_str(text::decimal_str(why.status.into(), &mut [0; 20]));
-            body.push(' ');
-            body.push_str(reason);
-            body.push_str(": ");
-            body.push_str(&detail);
-            body.push('\n');
-            ("text/plain; charset=utf-8", body)
-        }
-        DenyFormat::Custom { body, content_type } => (content_type, body.clone()),
-        // Route and limit names are [A-Za-z0-9_-]: nothing in them needs JSON escaping.
-        DenyFormat::ProblemJson => (
-            "application/problem+json",
-            format!(
-                "{{\"type\":\"{QUOTA_EXCEEDED}\",\"title\":\"Request cannot be satisfied as assigned quota has been exceeded\",\
-                 \"status\":{},\"detail\":\"{}\",\"violated-policies\":[{}]}}",
-                why.status,
-                detail.replace('"', "'"),
-                why.violated.iter().map(|v| format!("\"{v}\"")).collect::<Vec<_>>().join(",")
-            ),
-        ),
-    }
+/// The route's index and the state of each limit of `decision`, `binding` first, then the others
+/// in order.
+fn items<'a>(
+    decision: &'a Decision,
+    limits: &'a [usize],
+    binding: usize,
+) -> impl Iterator<Item = (usize, &'a LimitState)> + 'a {
+    std::iter::once(binding)
+        .chain((0..limits.len()).filter(move |&j| j != binding))
+        .filter_map(|j| Some((*limits.get(j)?, decision.limits.get(j)?)))
 }
 
-/// Why a request was refused, in words: `limit "burst" of route "api" is exhausted; retry in 3 s`.
-pub fn refusal_detail(why: &Refusal<'_>) -> String {
-    let mut detail = String::with_capacity(96);
-    detail.push_str("limit ");
-    for (i, name) in why.violated.iter().enumerate() {
-        if i > 0 {
-            detail.push_str(", ");
-        }
-        detail.push('"');
-        detail.push_str(name);
-        detail.push('"');
-    }
-    detail.push_str(" of route \"");
-    detail.push_str(why.route);
-    match why.retry_after {
-        Some(s) => {
-            detail.push_str("\" is exhausted; retry in ");
-            detail.push_str(text::decimal_str(s, &mut [0; 20]));
-            detail.push_str(" s");
-            if let Some(at) = why.resets_at {
-                detail.push_str(" (the quota is whole again at ");
-                detail.push_str(&utc(at));
-                detail.push(')');
-            }
-        }
-        None => detail.push_str("\" needs a key this request does not carry"),
-    }
-    detail
+/// `n` as a header value: one allocation, where `HeaderValue::from(u64)` makes two.
+fn number(n: u64) -> HeaderValue {
+    let mut buf = [0; 20];
+    let text = text::decimal_str(n, &mut buf).as_bytes();
+    HeaderValue::from_maybe_shared(bytes::Bytes::copy_from_slice(text))
+        .unwrap_or_else(|_| HeaderValue::from(n))
 }
 
-/// Unix seconds as `2027-01-01T00:00:00Z`.
-fn utc(secs: u64) -> String {
-    let (y, m, d) = calendar::civil_from_days((secs / 86_400) as i64);
-    let s = secs % 86_400;
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        s / 3600,
-        s / 60 % 60,
-        s % 60
-    )
+/// How many decimal digits `n` has.
+fn digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
 }
 
 fn secs_ceil(us: u64) -> u64 {
@@ -345,37 +326,6 @@ mod tests {
     }
 
     #[test]
-    fn refusal_bodies_read_as_written() {
-        let why = |violated, retry_after| Refusal {
-            status: 429,
-            route: "api",
-            violated,
-            retry_after,
-            resets_at: None,
-        };
-        let text = |w: &Refusal<'_>| refusal_body(&DenyFormat::Text, w);
-        assert_eq!(
-            text(&why(vec!["burst"], Some(60))),
-            (
-                "text/plain; charset=utf-8",
-                "429 Too Many Requests: limit \"burst\" of route \"api\" is exhausted; retry in 60 s\n"
-                    .to_string()
-            )
-        );
-        assert_eq!(
-            text(&why(vec!["a", "b"], None)).1,
-            "429 Too Many Requests: limit \"a\", \"b\" of route \"api\" needs a key this request does not carry\n"
-        );
-        let (content_type, json) =
-            refusal_body(&DenyFormat::ProblemJson, &why(vec!["a", "b"], Some(1)));
-        assert_eq!(content_type, "application/problem+json");
-        assert!(
-            json.contains("\"detail\":\"limit 'a', 'b' of route 'api' is exhausted; retry in 1 s\",\"violated-policies\":[\"a\",\"b\"]"),
-            "{json}"
-        );
-    }
-
-    #[test]
     fn allowed_reports_the_least_remaining_limit() {
         let d = Decision {
             allowed: true,
@@ -393,7 +343,7 @@ mod tests {
                 "ratelimit-policy",
                 "\"burst\";q=20;w=2, \"hourly\";q=1000;w=3600",
             ),
-            ("ratelimit", "\"hourly\";r=5;t=3"),
+            ("ratelimit", "\"hourly\";r=5;t=3, \"burst\";r=19;t=1"),
         ];
         assert_eq!(got, want.map(|(a, b)| (a.to_string(), b.to_string())));
     }
@@ -407,13 +357,145 @@ mod tests {
         let got = collect(&headers(), &d);
         assert!(got.contains(&("retry-after".into(), "1".into())), "{got:?}");
         assert!(
-            got.contains(&("ratelimit".into(), "\"burst\";r=0;t=1".into())),
+            got.contains(&(
+                "ratelimit".into(),
+                "\"burst\";r=0;t=1, \"hourly\";r=5;t=0".into()
+            )),
             "{got:?}"
         );
         assert!(
             got.contains(&("x-ratelimit-reset".into(), "2".into())),
             "{got:?}"
         );
+    }
+
+    fn route_headers(limits: &str) -> RouteHeaders {
+        let yaml = format!("listen: \"127.0.0.1:1\"\nroutes:\n  - name: api\n    upstream: \"h:1\"\n    limits:\n{limits}");
+        RouteHeaders::new(&Config::parse("t.yaml", &yaml).unwrap().routes[0])
+    }
+
+    fn field<'a>(got: &'a [(String, String)], name: &str) -> &'a str {
+        got.iter()
+            .find(|(n, _)| n == name)
+            .map_or("", |(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn the_binding_limit_has_the_fewest_requests_left() {
+        let h = route_headers(
+            "      - { name: tokens, capacity: 100, refill: \"100/h\", cost: 5 }\n      \
+             - { name: inflight, concurrency: 10 }\n",
+        );
+        let collect = |d: &Decision| {
+            let mut out = Vec::new();
+            h.each(d, &[0, 1], |n, v| {
+                out.push((n.to_string(), v.to_str().unwrap().to_string()))
+            });
+            out
+        };
+        // 15 tokens at cost 5 are 3 requests; one lease is 1.
+        let d = Decision {
+            allowed: true,
+            limits: vec![
+                state(true, 15, 3_060_000_000, 36_000_000),
+                state(true, 1, 1_000_000, 1_000_000),
+            ],
+        };
+        let got = collect(&d);
+        assert_eq!(field(&got, "x-ratelimit-limit"), "10", "{got:?}");
+        assert_eq!(field(&got, "x-ratelimit-remaining"), "1");
+        assert_eq!(
+            field(&got, "ratelimit"),
+            "\"inflight\";r=1;t=0, \"tokens\";r=15;t=36"
+        );
+        // 5 tokens are 1 request; two leases are 2.
+        let d = Decision {
+            allowed: true,
+            limits: vec![
+                state(true, 5, 3_420_000_000, 36_000_000),
+                state(true, 2, 1_000_000, 1_000_000),
+            ],
+        };
+        let got = collect(&d);
+        assert_eq!(field(&got, "x-ratelimit-limit"), "100", "{got:?}");
+        assert_eq!(field(&got, "x-ratelimit-remaining"), "5");
+        assert_eq!(
+            field(&got, "ratelimit"),
+            "\"tokens\";r=5;t=36, \"inflight\";r=2;t=0"
+        );
+        assert_eq!(
+            field(&got, "ratelimit-policy"),
+            "\"tokens\";q=100;w=3600, \"inflight\";q=10;qu=\"concurrent-requests\""
+        );
+        // No lease left: a request ending frees one, which nobody can foresee.
+        let d = Decision {
+            allowed: true,
+            limits: vec![
+                state(true, 50, 1_800_000_000, 36_000_000),
+                state(true, 0, 1_000_000, 1_000_000),
+            ],
+        };
+        assert_eq!(
+            field(&collect(&d), "ratelimit"),
+            "\"inflight\";r=0;t=1, \"tokens\";r=50;t=36"
+        );
+    }
+
+    #[test]
+    fn a_rejection_lists_each_refusing_limit_with_its_own_wait() {
+        let h = headers();
+        let d = Decision {
+            allowed: false,
+            limits: vec![
+                state(false, 0, 2_000_000, 100_000),
+                state(false, 0, 3_600_000_000, 3_599_000_001),
+            ],
+        };
+        let got = collect(&h, &d);
+        assert_eq!(field(&got, "retry-after"), "3600");
+        assert_eq!(
+            field(&got, "ratelimit"),
+            "\"hourly\";r=0;t=3600, \"burst\";r=0;t=1"
+        );
+        let (extra, why) = h.rejection(&d, &[0, 1], 429, "api");
+        assert_eq!(extra.len(), 6);
+        assert_eq!(why.violated, ["burst", "hourly"]);
+        assert_eq!(
+            why.wait,
+            Some(Wait {
+                secs: 3600,
+                ms: 3_599_001,
+                resets_at: None
+            })
+        );
+    }
+
+    #[test]
+    fn the_ratelimit_field_fills_its_buffer_exactly() {
+        for n in [0, 9, 10, 99, 100, u64::MAX] {
+            assert_eq!(digits(n), n.to_string().len());
+        }
+        let h = headers();
+        for (a, b) in [(0, 0), (19, 1000), (7, 5)] {
+            let d = Decision {
+                allowed: true,
+                limits: vec![state(true, a, 100_000, 100_000), state(true, b, 10, 0)],
+            };
+            let binding = d.binding().unwrap();
+            let v = h.ratelimit(&d, &[0, 1], binding);
+            let mut written = Vec::new();
+            for j in [binding, 1 - binding] {
+                let l = &d.limits[j];
+                written.push(format!(
+                    "\"{}\";r={};t={}",
+                    h.names[j],
+                    l.remaining,
+                    h.item_t(j, l)
+                ));
+            }
+            assert_eq!(v, written.join(", ").as_bytes());
+            assert_eq!(h.ratelimit_len(&d, &[0, 1], binding), v.len());
+        }
     }
 
     #[test]

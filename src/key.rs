@@ -8,7 +8,9 @@
 //! Client-supplied values are bounded: short values of a safe alphabet stay readable in
 //! `redis-cli`, anything else (long, binary, braces that would break the tag) becomes a SHA-1. A
 //! value that is absent or empty maps to `~`, the limit's shared "missing" bucket; neither `~` nor
-//! the `#` of a hashed value can be a raw value, so no client can aim at those buckets.
+//! the `#` of a hashed value can be a raw value, so no client can aim at those buckets. A secret
+//! (a bearer token, or whatever an alternative list holding `bearer` found) is hashed whatever it
+//! looks like: no store key, log line or admin answer carries it as sent.
 
 use crate::config::{Allowance, KeySource, Route};
 
@@ -19,6 +21,8 @@ const MAX_RAW: usize = 64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Identity<'a> {
     Value(&'a [u8]),
+    /// A credential: stored as its SHA-1 always, even when short and of the safe alphabet.
+    Secret(&'a [u8]),
     Missing,
     /// The route-wide bucket: no per-client part.
     Route,
@@ -101,12 +105,20 @@ fn push_value(key: &mut String, id: Identity<'_>) {
                 // The alphabet is ASCII, so this is valid UTF-8.
                 key.push_str(std::str::from_utf8(v).unwrap_or_default());
             } else {
-                key.push('#');
-                key.push_str(&sha1_smol::Sha1::from(v).digest().to_string());
+                push_hash(key, v);
             }
         }
-        Identity::Value(_) | Identity::Missing | Identity::Route => key.push('~'),
+        Identity::Secret(v) if !v.is_empty() => push_hash(key, v),
+        Identity::Value(_) | Identity::Secret(_) | Identity::Missing | Identity::Route => {
+            key.push('~')
+        }
     }
+}
+
+/// `#<sha1 of v in hex>`.
+fn push_hash(key: &mut String, v: &[u8]) {
+    key.push('#');
+    key.push_str(&sha1_smol::Sha1::from(v).digest().to_string());
 }
 
 #[cfg(test)]
@@ -178,6 +190,21 @@ mod tests {
             "rl:{api:10.0.0.1|~}:k"
         );
         assert_eq!(plan.key(0, &[Identity::Value(b"/a/b")]), "rl:{api:/a/b}:k");
+    }
+
+    #[test]
+    fn a_secret_is_hashed_however_plain_it_looks() {
+        let plan = KeyPlan::new(
+            "rl",
+            &route("[{name: k, capacity: 1, refill: 1/s, key: bearer}]"),
+        );
+        let sha = sha1_smol::Sha1::from("sk1").digest().to_string();
+        assert_eq!(
+            plan.key(0, &[Identity::Secret(b"sk1")]),
+            format!("rl:{{api:#{sha}}}:k")
+        );
+        assert_eq!(plan.key(0, &[Identity::Value(b"sk1")]), "rl:{api:sk1}:k");
+        assert_eq!(plan.key(0, &[Identity::Secret(b"")]), "rl:{api:~}:k");
     }
 
     #[test]

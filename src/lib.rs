@@ -52,6 +52,7 @@ pub mod peer;
 pub mod plan;
 pub mod preflight;
 pub mod proxy;
+pub mod refusal;
 pub mod relay;
 pub mod reload;
 pub mod route;

@@ -72,7 +72,7 @@ impl RoutePlan {
     pub fn keys_on_client_ip(&self) -> bool {
         self.limits
             .iter()
-            .any(|l| l.key.contains(&KeySource::ClientIp))
+            .any(|l| l.key.iter().any(KeySource::reads_client_ip))
     }
 }
 
@@ -201,10 +201,8 @@ fn single_headers(route: &Route) -> Vec<String> {
         .filter(|l| !(l.shadow || route.shadow))
         .filter(|l| l.on_duplicate_key_header == DuplicateKeyHeader::Reject)
         .flat_map(|l| &l.key)
-        .filter_map(|k| match k {
-            KeySource::Header(name) => Some(name.clone()),
-            _ => None,
-        })
+        .flat_map(KeySource::headers)
+        .map(str::to_string)
         .collect();
     names.sort();
     names.dedup();

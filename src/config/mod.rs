@@ -301,15 +301,24 @@ impl Allow {
 /// What a rejected client gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DenyResponse {
+    /// A request a limit refused (waiting will help).
     pub status: u16,
+    /// A request refused because a limit with `on_missing_key: deny` found no key (a 4xx: it is
+    /// the client's credentials that are wanting, not its pace).
+    pub missing_key_status: u16,
     pub format: DenyFormat,
 }
+
+/// `deny.missing_key_status` when the config leaves it out.
+pub const DEFAULT_MISSING_KEY_STATUS: u16 = 401;
 
 words! {
     /// The words of `deny.format`.
     pub enum DenyFormatName {
         Text = "text",
         ProblemJson = "problem_json",
+        OpenAi = "openai",
+        Anthropic = "anthropic",
     }
 }
 
@@ -322,6 +331,25 @@ pub enum DenyFormat {
     /// `application/problem+json` with the IETF `quota-exceeded` problem type and
     /// `violated-policies`.
     ProblemJson,
+    /// The error object of OpenAI's API, which its SDKs read (`rate_limit_exceeded`,
+    /// `insufficient_quota`, `missing_api_key`), with `retry-after-ms`.
+    OpenAi,
+    /// The error object of Anthropic's API (`rate_limit_error`, `authentication_error`), with
+    /// `retry-after-ms`.
+    Anthropic,
+}
+
+impl DenyFormat {
+    /// The word `--check` shows.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            DenyFormat::Text => DenyFormatName::Text.as_str(),
+            DenyFormat::Custom { .. } => "custom body",
+            DenyFormat::ProblemJson => DenyFormatName::ProblemJson.as_str(),
+            DenyFormat::OpenAi => DenyFormatName::OpenAi.as_str(),
+            DenyFormat::Anthropic => DenyFormatName::Anthropic.as_str(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -433,31 +461,66 @@ pub enum KeySource {
     Path,
     /// The request method.
     Method,
+    /// The token of the request's one `Authorization: Bearer <token>` header: a secret, so its
+    /// value is always stored hashed.
+    Bearer,
+    /// Alternatives, written joined by `|`: the first one the request carries is the value (a
+    /// secret, hashed, when any of them is `Bearer`: the same secret sent either way is one key).
+    FirstOf(Vec<KeySource>),
     /// One bucket shared by every client of the route.
     Route,
 }
 
 impl KeySource {
     /// How each source is written in a limit's `key`.
-    pub const FORMS: [&str; 6] = [
+    pub const FORMS: [&str; 7] = [
         "client_ip",
         "route",
         "path",
         "method",
+        "bearer",
         "header:<Name>",
         "query:<name>",
     ];
-}
 
-impl std::str::FromStr for KeySource {
-    type Err = String;
+    /// Whether its value is a credential: never stored, shown or logged as sent.
+    pub fn is_secret(&self) -> bool {
+        match self {
+            KeySource::Bearer => true,
+            KeySource::FirstOf(alternatives) => alternatives.iter().any(KeySource::is_secret),
+            _ => false,
+        }
+    }
 
-    fn from_str(part: &str) -> Result<KeySource, String> {
-        let source = match part {
+    /// Whether it reads the client address (alone or as an alternative).
+    pub fn reads_client_ip(&self) -> bool {
+        match self {
+            KeySource::ClientIp => true,
+            KeySource::FirstOf(alternatives) => alternatives.contains(&KeySource::ClientIp),
+            _ => false,
+        }
+    }
+
+    /// The request headers it reads by name (`header:` parts, alone or as alternatives).
+    pub fn headers(&self) -> impl Iterator<Item = &str> {
+        let alternatives = match self {
+            KeySource::FirstOf(alternatives) => alternatives.as_slice(),
+            one => std::slice::from_ref(one),
+        };
+        alternatives.iter().filter_map(|s| match s {
+            KeySource::Header(name) => Some(name.as_str()),
+            _ => None,
+        })
+    }
+
+    /// One part, no alternatives.
+    fn one(part: &str) -> Option<KeySource> {
+        match part {
             "client_ip" => Some(KeySource::ClientIp),
             "route" => Some(KeySource::Route),
             "path" => Some(KeySource::Path),
             "method" => Some(KeySource::Method),
+            "bearer" => Some(KeySource::Bearer),
             other => match other.split_once(':') {
                 Some(("header", h)) if http::HeaderName::from_bytes(h.as_bytes()).is_ok() => {
                     Some(KeySource::Header(h.to_ascii_lowercase()))
@@ -465,11 +528,52 @@ impl std::str::FromStr for KeySource {
                 Some(("query", q)) if !q.is_empty() => Some(KeySource::Query(q.to_string())),
                 _ => None,
             },
+        }
+    }
+}
+
+impl std::str::FromStr for KeySource {
+    type Err = String;
+
+    /// One part, or alternatives joined by `|` (`"header:x-api-key|bearer"`).
+    fn from_str(text: &str) -> Result<KeySource, String> {
+        let forms = |but: &str| {
+            let forms: Vec<&str> = KeySource::FORMS.into_iter().filter(|f| *f != but).collect();
+            let (last, rest) = forms.split_last().expect("forms");
+            format!("{} or {last}", rest.join(", "))
         };
-        source.ok_or_else(|| {
-            let (last, rest) = KeySource::FORMS.split_last().expect("forms");
-            format!("must be {} or {last}, got {part:?}", rest.join(", "))
-        })
+        if !text.contains('|') {
+            return KeySource::one(text)
+                .ok_or_else(|| format!("must be {}, got {text:?}", forms("")));
+        }
+        let mut alternatives: Vec<KeySource> = Vec::new();
+        for part in text.split('|') {
+            let source = match part {
+                "" => {
+                    return Err(format!(
+                        "{text:?} has an empty alternative: write key parts joined by |, the first \
+                         one present wins, e.g. \"header:x-api-key|bearer\""
+                    ))
+                }
+                "route" => {
+                    return Err(format!(
+                        "{text:?}: `route` cannot be an alternative: it is one bucket for every \
+                         client and never missing, so nothing after it would be tried"
+                    ))
+                }
+                part => KeySource::one(part).ok_or_else(|| {
+                    format!(
+                        "{text:?}: each alternative must be {}, got {part:?}",
+                        forms("route")
+                    )
+                })?,
+            };
+            if alternatives.contains(&source) {
+                return Err(format!("{text:?} names {part} twice"));
+            }
+            alternatives.push(source);
+        }
+        Ok(KeySource::FirstOf(alternatives))
     }
 }
 
@@ -482,6 +586,16 @@ impl std::fmt::Display for KeySource {
             KeySource::Query(q) => write!(f, "query:{q}"),
             KeySource::Path => f.write_str("path"),
             KeySource::Method => f.write_str("method"),
+            KeySource::Bearer => f.write_str("bearer"),
+            KeySource::FirstOf(alternatives) => {
+                for (i, a) in alternatives.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("|")?;
+                    }
+                    write!(f, "{a}")?;
+                }
+                Ok(())
+            }
             KeySource::Route => f.write_str("route"),
         }
     }

@@ -161,6 +161,7 @@ pub(super) struct RawAllow {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawDeny {
     pub status: Option<u16>,
+    pub missing_key_status: Option<u16>,
     pub body: Option<String>,
     pub content_type: Option<String>,
     pub format: Option<String>,

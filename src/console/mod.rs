@@ -37,6 +37,8 @@ fn route(r: &Route) -> Value {
         "on_redis_error": r.on_redis_error.as_str(),
         "shadow": r.shadow,
         "deny_status": r.deny.status,
+        "missing_key_status": r.deny.missing_key_status,
+        "deny_format": r.deny.format.describe(),
         "limits": r.limits.iter().map(|l| json!({
             "name": l.name,
             "kind": l.allowance.kind(),
@@ -102,8 +104,9 @@ pub fn status(
 
 /// A store key as the admin API shows it: header and query values (API keys, tokens) masked to
 /// their first three and last two characters, so that no client's secret is readable on an
-/// unauthenticated endpoint or in the log; addresses, paths, methods and hashed values as they
-/// are. The layout is `key`'s (`<prefix>:{<route>[:<parts>]}:<limit>[:<parts>]`, parts joined by
+/// unauthenticated endpoint or in the log (a bearer token, and any value of an alternative list
+/// holding `bearer`, is hashed in the key already); addresses, paths, methods and hashed values
+/// as they are. The layout is `key`'s (`<prefix>:{<route>[:<parts>]}:<limit>[:<parts>]`, parts joined by
 /// `|`); a key of another layout is shown masked whole.
 pub fn shown_key(route: &crate::plan::RoutePlan, key: &str) -> String {
     let masked = || mask(key);
@@ -130,7 +133,10 @@ pub fn shown_key(route: &crate::plan::RoutePlan, key: &str) -> String {
             .split('|')
             .zip(sources.iter().filter(|s| **s != KeySource::Route))
             .map(|(part, source)| match source {
-                KeySource::Header(_) | KeySource::Query(_) => mask(part),
+                KeySource::Header(_)
+                | KeySource::Query(_)
+                | KeySource::Bearer
+                | KeySource::FirstOf(_) => mask(part),
                 _ => part.to_string(),
             })
             .collect::<Vec<_>>()

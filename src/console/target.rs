@@ -27,7 +27,8 @@ pub struct Target {
 
 /// The route named by `route=` and the buckets of its limits (or of `limit=`'s alone) for the key
 /// values given: `key=` for a one-part key, else one parameter per part named as in the config
-/// (`client_ip=`, `header:X-Api-Key=`, `query:k=`, `path=`, `method=`). An error is the 400's text.
+/// (`client_ip=`, `header:X-Api-Key=`, `query:k=`, `path=`, `method=`, `bearer=` the token alone,
+/// `header:x-api-key|bearer=` the value of alternatives). An error is the 400's text.
 pub fn targets(config: &Config, query: &str) -> Result<(String, Vec<Target>), String> {
     let params = query_pairs(query);
     let get = |name: &str| find(&params, name).map(|(_, v, _)| v.as_slice());
@@ -99,6 +100,7 @@ pub fn targets(config: &Config, query: &str) -> Result<(String, Vec<Target>), St
             .map(|(part, text)| match part {
                 KeySource::Route => Identity::Route,
                 _ if text.is_empty() => Identity::Missing,
+                secret if secret.is_secret() => Identity::Secret(text),
                 _ => Identity::Value(text),
             })
             .collect();

@@ -144,16 +144,25 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// The limit the response headers describe. Allowed: the least remaining (tie → the longest
-    /// reset). Rejected: the limit the client must wait for longest, whose wait is `Retry-After`
-    /// (tie → the least remaining), so that `RateLimit`'s `t` and `Retry-After` agree.
+    /// The limit the response headers describe, for requests that each cost one. See
+    /// `binding_by`.
     pub fn binding(&self) -> Option<usize> {
+        self.binding_by(|_| 1)
+    }
+
+    /// The limit the response headers describe, where `cost(j)` is what one request takes from
+    /// limit `j`. Allowed: the one with the fewest requests left (`remaining / cost`; tie → the
+    /// longest reset), so a bucket of 15 tokens at cost 5 (3 requests) binds before 4 leases.
+    /// Rejected: the limit the client must wait for longest, whose wait is `Retry-After` (tie →
+    /// the least remaining), so that `RateLimit`'s `t` and `Retry-After` agree.
+    pub fn binding_by(&self, cost: impl Fn(usize) -> u64) -> Option<usize> {
         let indexed = self.limits.iter().enumerate();
         if self.allowed {
             indexed
-                .min_by(|(_, a), (_, b)| {
-                    a.remaining
-                        .cmp(&b.remaining)
+                .min_by(|(i, a), (j, b)| {
+                    let requests = |n: usize, l: &LimitState| l.remaining / cost(n).max(1);
+                    requests(*i, a)
+                        .cmp(&requests(*j, b))
                         .then(b.reset_us.cmp(&a.reset_us))
                 })
                 .map(|(i, _)| i)

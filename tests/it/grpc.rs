@@ -266,6 +266,35 @@ fn a_grpc_call_on_a_fail_closed_route_with_redis_down_is_unavailable() {
     assert_eq!(proxy.decisions("grpc-orders", "fail_closed"), 2);
 }
 
+/// A call without the key that a `deny` limit needs is UNAUTHENTICATED, not RESOURCE_EXHAUSTED:
+/// waiting will not help, credentials will; no rate-limit metadata goes with it.
+#[test]
+fn a_grpc_call_without_its_key_is_unauthenticated() {
+    let server = GrpcServer::start();
+    let yaml = format!(
+        "listen:\n  - {{ address: \"{{listen}}\", h2c: true }}\nadmin: \"{{admin}}\"\n{}",
+        route(server.port).replace(
+            "key: \"header:x-api-key\"",
+            "key: \"header:x-api-key\", on_missing_key: deny"
+        )
+    );
+    let proxy = Proxy::start(&yaml);
+    let outcomes = calls(&proxy.addr.to_string(), None, &["Get:", "Chat:", "Get:a"]);
+    for o in &outcomes[..2] {
+        assert_eq!(o.code, "UNAUTHENTICATED", "{o:?}");
+        assert_eq!(o.replies, 0, "{o:?}");
+        assert_eq!(
+            o.details,
+            "limit \"per_client\" of route \"grpc-orders\" needs a key this request does not carry",
+            "{o:?}"
+        );
+        assert_eq!(o.meta("retry-after"), None, "{o:?}");
+        assert_eq!(o.meta("ratelimit"), None, "{o:?}");
+    }
+    assert_eq!(outcomes[2].code, "OK", "{:?}", outcomes[2]);
+    assert_eq!(proxy.decisions("grpc-orders", "rejected"), 2);
+}
+
 /// `key: path` is a bucket per gRPC method: one method's calls run out together, whoever makes
 /// them, while another method is untouched.
 #[test]

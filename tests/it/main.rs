@@ -9,6 +9,7 @@ mod console;
 mod first_run;
 mod grpc;
 mod http2;
+mod llm_clients;
 mod llm_sdks;
 mod lua_script;
 mod normalise;

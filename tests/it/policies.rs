@@ -146,13 +146,20 @@ fn composite_query_path_and_method_keys_separate_clients() {
     assert_eq!(p.get("/t?other=1&token=x", &[]).status, 429);
     assert_eq!(p.get("/t?token=y", &[]).status, 200);
     let r = p.get("/t", &[]);
-    assert_eq!(r.status, 429, "deny: no token, no entry");
-    assert!(
-        r.body.contains("needs a key this request does not carry"),
-        "{}",
-        r.body
+    assert_eq!(
+        r.status, 401,
+        "deny: no token, no entry, and not a rate limit"
+    );
+    assert_eq!(
+        r.body,
+        "401 Unauthorized: limit \"k\" of route \"token\" needs a key this request does not carry\n"
     );
     assert!(!r.has_ratelimit_headers());
+    assert_eq!(
+        r.header("www-authenticate"),
+        None,
+        "the key is no bearer token"
+    );
 
     assert_eq!(p.get("/p/a", &[]).status, 200);
     assert_eq!(p.get("/p/a", &[]).status, 429);

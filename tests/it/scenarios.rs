@@ -291,7 +291,11 @@ fn the_tighter_of_two_limits_decides(backend: Backend) {
     let r = s.proxy.get("/", &[]);
     assert_eq!(r.header("x-ratelimit-limit"), Some("2"), "{r:?}");
     assert_eq!(r.header("x-ratelimit-remaining"), Some("1"));
-    assert_eq!(r.header("ratelimit"), Some("\"tight\";r=1;t=3600"));
+    // Every limit, the binding one first.
+    assert_eq!(
+        r.header("ratelimit"),
+        Some("\"tight\";r=1;t=3600, \"loose\";r=9;t=60")
+    );
     assert_eq!(
         r.header("ratelimit-policy"),
         Some("\"loose\";q=10;w=600, \"tight\";q=2;w=7200")
@@ -300,7 +304,12 @@ fn the_tighter_of_two_limits_decides(backend: Backend) {
     let r = s.proxy.get("/", &[]);
     assert_eq!(r.status, 429);
     assert_eq!(r.header("retry-after"), Some("3600"));
-    assert_eq!(r.header("ratelimit"), Some("\"tight\";r=0;t=3600"));
+    // The refusing limit first, its `t` the `Retry-After`; the loose one as it stands.
+    let rl = r.header("ratelimit").unwrap();
+    assert!(
+        rl.starts_with("\"tight\";r=0;t=3600, \"loose\";r=8;t="),
+        "{rl}"
+    );
     // The rejection took nothing from the loose bucket: 8 left there, still 0 in the tight one.
     let r = s.proxy.get("/", &[]);
     assert_eq!((r.status, r.header("x-ratelimit-limit")), (429, Some("2")));

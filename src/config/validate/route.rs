@@ -396,6 +396,7 @@ impl Validator<'_> {
         let Some(raw) = raw else {
             return DenyResponse {
                 status: 429,
+                missing_key_status: DEFAULT_MISSING_KEY_STATUS,
                 format: DenyFormat::Text,
             };
         };
@@ -410,24 +411,31 @@ impl Validator<'_> {
         let name = self
             .word(r, at(base, &["deny", "format"]), raw.format.as_deref())
             .unwrap_or(DenyFormatName::Text);
-        let format = match (name, raw.body) {
-            (DenyFormatName::Text, None) => DenyFormat::Text,
-            (DenyFormatName::Text, Some(body)) => DenyFormat::Custom {
+        let own = |name: DenyFormatName| match name {
+            DenyFormatName::ProblemJson => Some(DenyFormat::ProblemJson),
+            DenyFormatName::OpenAi => Some(DenyFormat::OpenAi),
+            DenyFormatName::Anthropic => Some(DenyFormat::Anthropic),
+            DenyFormatName::Text => None,
+        };
+        let format = match (own(name), raw.body) {
+            (None, None) => DenyFormat::Text,
+            (None, Some(body)) => DenyFormat::Custom {
                 body,
                 content_type: raw
                     .content_type
                     .unwrap_or_else(|| "text/plain; charset=utf-8".into()),
             },
-            (DenyFormatName::ProblemJson, None) if raw.content_type.is_none() => {
-                DenyFormat::ProblemJson
-            }
-            (DenyFormatName::ProblemJson, _) => {
+            (Some(format), None) if raw.content_type.is_none() => format,
+            (Some(format), _) => {
                 self.problem(
                     r,
                     at(base, &["deny", "format"]),
-                    "problem_json writes its own body and content type: leave body and content_type out",
+                    format!(
+                        "{} writes its own body and content type: leave body and content_type out",
+                        name.as_str()
+                    ),
                 );
-                DenyFormat::ProblemJson
+                format
             }
         };
         if let DenyFormat::Custom { content_type, .. } = &format {
@@ -439,6 +447,20 @@ impl Validator<'_> {
                 );
             }
         }
-        DenyResponse { status, format }
+        let missing_key_status = raw.missing_key_status.unwrap_or(DEFAULT_MISSING_KEY_STATUS);
+        if !(400..=499).contains(&missing_key_status) {
+            self.problem(
+                r,
+                at(base, &["deny", "missing_key_status"]),
+                format!(
+                    "must be a 4xx status (400 to 499): a missing key is the client's to fix, got {missing_key_status}"
+                ),
+            );
+        }
+        DenyResponse {
+            status,
+            missing_key_status,
+            format,
+        }
     }
 }
