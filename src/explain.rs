@@ -94,8 +94,12 @@ fn describe(r: &Route) -> String {
     } else {
         String::new()
     };
+    let stream_usage = match r.stream_usage {
+        true => " | a stream is asked for its usage",
+        false => "",
+    };
     format!(
-        "{}: {methods} {host} {}* -> {} | on_redis_error {on_error} | deny {} {deny}{missing}",
+        "{}: {methods} {host} {}* -> {} | on_redis_error {on_error} | deny {} {deny}{missing}{stream_usage}",
         r.name,
         r.path_prefix,
         upstreams.join(", "),
