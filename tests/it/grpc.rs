@@ -380,3 +380,49 @@ fn usage_reported_in_a_grpc_trailer_is_charged_after_the_call() {
         second[0]
     );
 }
+
+/// A gRPC client that cancels its call before the trailers that report the usage (RST_STREAM
+/// after the first reply) is charged all the same: the proxy reads the call to its end. A key
+/// with 100 tokens and calls of 50 gets at most 3 calls to the upstream, each charged its 50.
+#[test]
+fn a_grpc_client_that_cancels_before_the_trailers_is_charged_them() {
+    let server = GrpcServer::start();
+    let yaml = format!(
+        "listen:\n  - {{ address: \"{{listen}}\", h2c: true }}\nadmin: \"{{admin}}\"\n\
+         routes:\n  - name: grpc-orders\n    match: {{ path_prefix: \"/orders.v1.Orders/\" }}\n    \
+         upstream: \"h2c://127.0.0.1:{}\"\n    \
+         limits: [{{ name: tokens, capacity: 100, refill: \"1/h\", key: \"header:x-api-key\", \
+         charge_from_response: \"trailer:x-usage-total-tokens\" }}]\n",
+        server.port
+    );
+    let proxy = Proxy::start(&yaml);
+    let target = proxy.addr.to_string();
+    let charged = "ratelimit_usage_charged_total{limit=\"tokens\",route=\"grpc-orders\"}";
+    let unreported = "ratelimit_usage_unreported_total{limit=\"tokens\",route=\"grpc-orders\"}";
+    let mut codes = Vec::new();
+    for i in 1..=8u64 {
+        codes.push(calls(&target, None, &["SlowUsageCancel:k"])[0].code.clone());
+        wait_for(
+            &format!("call {i} decided, and settled if admitted"),
+            Duration::from_secs(10),
+            || {
+                let allowed = proxy.decisions("grpc-orders", "allowed");
+                let rejected = proxy.decisions("grpc-orders", "rejected");
+                let settled = proxy.metric(charged) / 50.0 + proxy.metric(unreported);
+                (allowed + rejected >= i && settled >= allowed as f64).then_some(())
+            },
+        );
+    }
+    let allowed = proxy.decisions("grpc-orders", "allowed");
+    eprintln!(
+        "codes {codes:?}; allowed {allowed}; charged {}",
+        proxy.metric(charged)
+    );
+    assert!(allowed <= 3, "100 tokens, calls of 50: {allowed} admitted");
+    assert_eq!(
+        proxy.metric(unreported),
+        0.0,
+        "every cancelled call was charged"
+    );
+    assert_eq!(proxy.metric(charged), 50.0 * allowed as f64);
+}

@@ -15,6 +15,7 @@ tokens it used, its request's number, in the trailer x-usage-total-tokens, as LL
 import json
 import sys
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -37,6 +38,14 @@ def serve(tls):
         for r in requests:
             yield b"echo:" + r
 
+    def slow_usage(request, context):
+        # Five replies 100 ms apart, the usage in the trailers after them: a client that cancels
+        # after the first has not seen it yet.
+        context.set_trailing_metadata((("x-usage-total-tokens", "50"),))
+        for i in range(5):
+            time.sleep(0.1)
+            yield b"part%d" % i
+
     def usage(request, context):
         context.set_trailing_metadata((("x-usage-total-tokens", request.decode()),))
         return b"used " + request
@@ -49,6 +58,7 @@ def serve(tls):
             "Upload": grpc.stream_unary_rpc_method_handler(upload),
             "Chat": grpc.stream_stream_rpc_method_handler(chat),
             "Usage": grpc.unary_unary_rpc_method_handler(usage),
+            "SlowUsage": grpc.unary_stream_rpc_method_handler(slow_usage),
         },
     )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
@@ -85,6 +95,12 @@ def call(channel, method, key):
         if method in ("Get", "Usage"):
             reply, c = channel.unary_unary(path).with_call(b"42", metadata=md, timeout=10)
             replies = [reply]
+        elif method == "SlowUsageCancel":
+            # The first reply, then RST_STREAM(CANCEL): the trailers never reach this client.
+            c = channel.unary_stream("/%s/SlowUsage" % SERVICE)(b"", metadata=md, timeout=10)
+            replies = [next(c)]
+            c.cancel()
+            return {"code": "CANCELLED", "details": "", "replies": [r.decode() for r in replies], "metadata": {}}
         elif method == "List":
             c = channel.unary_stream(path)(b"", metadata=md, timeout=10)
             replies = list(c)
