@@ -8,6 +8,7 @@ mod connections;
 mod console;
 mod first_run;
 mod grpc;
+mod h2_spellings;
 mod http2;
 mod llm_sdks;
 mod lua_script;
