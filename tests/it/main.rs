@@ -1,6 +1,7 @@
 //! Integration tests: real redis-server processes, a real upstream, the real proxy binary.
 //! One test binary, so it links once.
 
+mod admin_port;
 mod cli;
 mod compose;
 mod config_errors;
