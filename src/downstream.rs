@@ -13,6 +13,7 @@ use crate::client_conn::ClientConn;
 use crate::config::Downstream;
 use crate::head;
 use crate::metrics::{Closed, Metrics};
+use crate::shed::{Waiter, Waiting};
 use async_trait::async_trait;
 use bytes::BytesMut;
 use pingora::apps::{HttpServerApp, ServerApp};
@@ -43,7 +44,16 @@ pub struct Connections<A> {
     open: Arc<Semaphore>,
     /// `None` for the admin listener: its connections are not the clients' the metrics describe.
     metrics: Option<Metrics>,
+    /// The admin listener's connections waiting for a head: at the cap, the oldest is shed for a
+    /// newcomer (`shed`), so a flood of idle connections cannot turn health probes away.
+    waiting: Option<Arc<Waiting>>,
+    /// Header lines the answers written here carry besides their own (the admin's security
+    /// headers).
+    extra_headers: String,
 }
+
+/// How long a newcomer waits for the place of the connection it shed.
+const SHED_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Connections the admin listener keeps at most: a few scrapers and health checks need it.
 pub const ADMIN_CONNECTIONS: usize = 256;
@@ -54,13 +64,18 @@ impl<A> Connections<A> {
         Connections::with(app, limits, Some(metrics))
     }
 
-    /// The admin listener: the same deadlines, [`ADMIN_CONNECTIONS`], not counted.
-    pub fn admin(app: A, limits: Downstream) -> Connections<A> {
+    /// The admin listener: the same deadlines, [`ADMIN_CONNECTIONS`] of which the oldest waiting
+    /// for a head is shed for a newcomer, not counted; `extra_headers` on the answers written here.
+    pub fn admin(app: A, limits: Downstream, extra_headers: String) -> Connections<A> {
         let limits = Downstream {
             max_connections: ADMIN_CONNECTIONS,
             ..limits
         };
-        Connections::with(app, limits, None)
+        Connections {
+            waiting: Some(Arc::default()),
+            extra_headers,
+            ..Connections::with(app, limits, None)
+        }
     }
 
     fn with(app: A, limits: Downstream, metrics: Option<Metrics>) -> Connections<A> {
@@ -70,6 +85,8 @@ impl<A> Connections<A> {
             limits,
             h2c: Vec::new(),
             metrics,
+            waiting: None,
+            extra_headers: String::new(),
         }
     }
 
@@ -82,6 +99,8 @@ impl<A> Connections<A> {
             h2c: self.h2c.clone(),
             open: self.open.clone(),
             metrics: self.metrics.clone(),
+            waiting: self.waiting.clone(),
+            extra_headers: self.extra_headers.clone(),
         }
     }
 
@@ -145,6 +164,8 @@ enum NoHead {
     /// An HTTP/2 connection that did not open with HTTP/2's preface.
     NotHttp2,
     ShuttingDown,
+    /// Shed for a newcomer at the cap (the admin listener).
+    Shed,
 }
 
 #[async_trait]
@@ -158,7 +179,7 @@ where
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         let started = Instant::now();
-        let Ok(_permit) = self.open.clone().try_acquire_owned() else {
+        let Some(_permit) = self.place().await else {
             // Dropping the stream closes it: no fd or task is held for a client over the cap.
             self.count(Closed::MaxConnections);
             return None;
@@ -250,6 +271,20 @@ where
 }
 
 impl<A> Connections<A> {
+    /// A place under the cap: free, or (on the admin listener) the one of the connection that has
+    /// waited longest for its head, shed for this one.
+    async fn place(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if let Ok(permit) = self.open.clone().try_acquire_owned() {
+            return Some(permit);
+        }
+        let waiting = self.waiting.as_ref()?;
+        if !waiting.shed_oldest() {
+            return None;
+        }
+        let freed = self.open.clone().acquire_owned();
+        tokio::time::timeout(SHED_WAIT, freed).await.ok()?.ok()
+    }
+
     /// Reads HTTP/2's preface whole (after `read`, what was read already) by the first head's
     /// deadline.
     async fn read_preface(
@@ -261,8 +296,9 @@ impl<A> Connections<A> {
     ) -> Result<BytesMut, NoHead> {
         let deadline = started + self.limits.header_timeout;
         let mut shutdown = shutdown.clone();
+        let waiter = self.waiting.as_ref().map(Waiting::enter);
         while buf.len() < H2_PREFACE.len() {
-            match read_until(conn, &mut buf, deadline, &mut shutdown).await? {
+            match read_until(conn, &mut buf, deadline, &mut shutdown, waiter.as_ref()).await? {
                 // No HTTP/1.1 408 for an HTTP/2 client: closed, counted as a slow head.
                 Err(_) => return Err(NoHead::Slow(false)),
                 Ok(Ok(0)) | Ok(Err(_)) if buf.is_empty() => return Err(NoHead::Gone),
@@ -299,6 +335,7 @@ impl<A> Connections<A> {
         };
         let idle_until = Instant::now() + self.limits.idle_timeout;
         let mut shutdown = shutdown.clone();
+        let waiter = self.waiting.as_ref().map(Waiting::enter);
         let mut from = 0;
         loop {
             if let Some(end) = head::end(&buf, from) {
@@ -320,7 +357,7 @@ impl<A> Connections<A> {
             }
             from = head::resume_at(&buf);
             let until = deadline.unwrap_or(idle_until);
-            match read_until(conn, &mut buf, until, &mut shutdown).await? {
+            match read_until(conn, &mut buf, until, &mut shutdown, waiter.as_ref()).await? {
                 Err(_) if deadline.is_none() => return Err(NoHead::Idle),
                 Err(_) => {
                     return Err(NoHead::Slow(
@@ -341,7 +378,7 @@ impl<A> Connections<A> {
     /// Ends a connection that yielded no head: counted, answered where HTTP has an answer.
     async fn close(&self, conn: &mut ClientConn, end: NoHead) {
         let answer: Option<(&str, &str)> = match end {
-            NoHead::Gone | NoHead::ShuttingDown => None,
+            NoHead::Gone | NoHead::ShuttingDown | NoHead::Shed => None,
             NoHead::NotHttp2 => {
                 log::debug!("closed an HTTP/2 connection that did not open with the preface");
                 None
@@ -373,8 +410,9 @@ impl<A> Connections<A> {
         let socket = conn.socket();
         if let Some((status, text)) = answer {
             let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}\n",
-                text.len() + 1
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n{text}\n",
+                text.len() + 1,
+                self.extra_headers
             );
             let write = async {
                 socket.write_all(response.as_bytes()).await?;
@@ -391,8 +429,8 @@ impl<A> Connections<A> {
     }
 }
 
-/// One read of the client into `buf`, given up at `until` (`Err(_)` inside: timed out) or at
-/// shutdown. Pingora's timeout, not tokio's: it makes a timer only if the read has to wait, and
+/// One read of the client into `buf`, given up at `until` (`Err(_)` inside: timed out), at
+/// shutdown, or when `waiter` is shed. Pingora's timeout, not tokio's: it makes a timer only if the read has to wait, and
 /// shares coarse ones instead of waking the runtime's timer driver for each (strace counted 0.3
 /// more futex calls per request with tokio's).
 async fn read_until(
@@ -400,11 +438,19 @@ async fn read_until(
     buf: &mut BytesMut,
     until: Instant,
     shutdown: &mut ShutdownWatch,
+    waiter: Option<&Waiter>,
 ) -> Result<Result<std::io::Result<usize>, pingora::time::Elapsed>, NoHead> {
     let left = until.saturating_duration_since(Instant::now());
+    let shed = async {
+        match waiter {
+            Some(w) => w.shed.notified().await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         biased;
         _ = shutdown.changed() => Err(NoHead::ShuttingDown),
+        _ = shed => Err(NoHead::Shed),
         read = pingora::time::timeout(left, conn.socket().read_buf(buf)) => Ok(read),
     }
 }

@@ -31,7 +31,13 @@ impl RequestFacts<'_> {
         }
         match source {
             KeySource::ClientIp => value(Some(self.client_ip.as_bytes())),
-            KeySource::Header(name) => value(self.headers.get(name.as_str()).map(|v| v.as_bytes())),
+            // Trimmed as HTTP/1.1's parser trims (HTTP/2 values with whitespace around them are
+            // refused before this): one value, one bucket, whatever the protocol.
+            KeySource::Header(name) => value(
+                self.headers
+                    .get(name.as_str())
+                    .map(|v| crate::canonical::trim_ows(v.as_bytes())),
+            ),
             KeySource::Query(name) => value(query_param(self.query, name)),
             KeySource::Path => value(Some(self.path.as_bytes())),
             KeySource::Method => value(Some(self.method.as_bytes())),

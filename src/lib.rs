@@ -57,6 +57,7 @@ pub mod relay;
 pub mod reload;
 pub mod route;
 pub mod server;
+pub mod shed;
 pub mod text;
 pub mod throttle;
 pub mod tls;

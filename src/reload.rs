@@ -172,7 +172,10 @@ impl Reloader {
         if listen != new.listen {
             needs_restart.push("listen");
         }
-        if new.admin != old.admin || new.admin_token_env != old.admin_token_env {
+        if new.admin != old.admin
+            || new.admin_token_env != old.admin_token_env
+            || new.admin_allowed_hosts != old.admin_allowed_hosts
+        {
             needs_restart.push("admin");
         }
         if new.redis != old.redis {
@@ -190,6 +193,7 @@ impl Reloader {
         new.listen = listen;
         new.admin = old.admin;
         new.admin_token_env.clone_from(&old.admin_token_env);
+        new.admin_allowed_hosts.clone_from(&old.admin_allowed_hosts);
         new.redis.clone_from(&old.redis);
         new.shutdown_grace = old.shutdown_grace;
         new.memory = old.memory;

@@ -2,7 +2,7 @@
 //! config watcher, and the store behind them. Knows how the pieces are wired, not how a request is
 //! handled.
 
-use crate::admin::{Admin, AdminParts};
+use crate::admin::{Admin, AdminParts, HostCheck};
 use crate::bind::{bind, per_address, BindError, Bound, Group, PreBound};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ClockSource, Config, Listener, RedisSettings, RedisTarget};
@@ -373,9 +373,11 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
                     reloader: parts.reloader.clone(),
                     deny_cache,
                     token: parts.admin_token,
+                    hosts: HostCheck::new(config.admin, &config.admin_allowed_hosts),
                 },
             ),
             config.downstream,
+            crate::admin::security_header_lines(),
         ),
     );
     admin.add_tcp(&config.admin.to_string());

@@ -15,8 +15,11 @@
 
 use std::borrow::Cow;
 
+mod field;
 mod host;
 mod path;
+
+pub use field::trim_ows;
 
 pub use host::{host, Host};
 pub use path::normalize_path;
@@ -34,6 +37,9 @@ words! {
         /// The body's length is ambiguous (`Content-Length` values that differ, or with
         /// `Transfer-Encoding`).
         BadFraming = "bad_framing",
+        /// An HTTP/2 field value with whitespace around it or a byte HTTP/1.1 refuses
+        /// (RFC 9113 §8.2.1): it would not mean the same to this proxy and to its upstream.
+        BadHeader = "bad_header",
     }
 }
 
@@ -47,6 +53,9 @@ impl Refused {
                 "a header this route's rate limit is keyed on appears more than once"
             }
             Refused::BadFraming => "the request body's length is ambiguous",
+            Refused::BadHeader => {
+                "a header value has whitespace around it or a byte HTTP does not allow"
+            }
         }
     }
 }
@@ -143,7 +152,8 @@ pub struct Request<'a> {
 /// Puts a request head in canonical form: its target (see [`target`]) and its host, from an
 /// absolute-form target, else HTTP/2's `:authority` (`pseudo`), else the one Host header, which
 /// HTTP/1.1 requires (RFC 9112 §3.2). An HTTP/2 request whose Host differs from its
-/// `:authority` is refused (RFC 9113 §8.3.1 asks for them to agree).
+/// `:authority` is refused (RFC 9113 §8.3.1 asks for them to agree), and so is one with a
+/// malformed field value (see `field`; HTTP/1.1's parser refuses or trims those itself).
 pub fn request<'a>(
     method: &str,
     raw_target: &'a [u8],
@@ -153,6 +163,9 @@ pub fn request<'a>(
     slashes: EscapedSlashes,
 ) -> Result<Request<'a>, Refused> {
     let target = target(method, raw_target, slashes)?;
+    if version == http::Version::HTTP_2 {
+        field::values(headers)?;
+    }
     let mut hosts = headers.get_all(http::header::HOST).iter();
     let (first, second) = (hosts.next(), hosts.next());
     if second.is_some() {

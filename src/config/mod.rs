@@ -34,6 +34,10 @@ pub struct Config {
     /// The environment variable holding the admin API's token: mutating calls need it, and are
     /// refused while none is set.
     pub admin_token_env: Option<String>,
+    /// Names the admin also answers under besides its own address and localhost
+    /// (`admin.allowed_hosts`), canonical: lowercase, `name` (any port) or `name:port`. A Host
+    /// check, against DNS rebinding: a page of another origin cannot read the admin API.
+    pub admin_allowed_hosts: Vec<String>,
     /// `None`: limits are kept in process memory (per proxy, not shared).
     pub redis: Option<RedisSettings>,
     /// How long SIGTERM lets in-flight requests finish.

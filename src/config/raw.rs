@@ -38,6 +38,7 @@ pub(super) enum OneOrMany {
 pub(super) struct RawAdmin {
     pub address: Option<String>,
     pub token_env: Option<String>,
+    pub allowed_hosts: Option<Vec<String>>,
 }
 
 /// A `listen` entry written as a map.

@@ -106,7 +106,6 @@ fn json_of(r: &crate::support::http::Response) -> Value {
 /// A key's buckets read exactly after three requests, reset with the token (401 without it), and
 /// full again for the client, on each store.
 fn inspect_and_reset(backend: crate::scenarios::Backend, format: &str) {
-    use crate::support::http::request;
     let upstream = Upstream::start();
     let yaml = bucket_config(
         &backend,
@@ -155,11 +154,11 @@ fn inspect_and_reset(backend: crate::scenarios::Backend, format: &str) {
 
     // Resetting needs the token.
     let reset = format!("{query}&limit=pair");
-    assert_eq!(request(proxy.admin, "DELETE", &reset, &[]).status, 401);
+    assert_eq!(proxy.admin_request("DELETE", &reset, &[]).status, 401);
     let wrong = [("Authorization", "Bearer nope")];
-    assert_eq!(request(proxy.admin, "DELETE", &reset, &wrong).status, 401);
+    assert_eq!(proxy.admin_request("DELETE", &reset, &wrong).status, 401);
     let right = [("Authorization", "Bearer s3cret")];
-    let r = request(proxy.admin, "DELETE", &reset, &right);
+    let r = proxy.admin_request("DELETE", &reset, &right);
     assert_eq!(r.status, 200, "{r:?}");
     let v = json_of(&r);
     assert_eq!(v["reset"][0]["limit"], "pair");
@@ -214,15 +213,13 @@ fn a_bucket_is_inspected_and_reset_in_memory() {
 /// Without `admin.token_env`, nothing can be reset (403), and a bad query says what is wrong.
 #[test]
 fn without_a_token_nothing_is_reset() {
-    use crate::support::http::request;
     let upstream = Upstream::start();
     let proxy = Proxy::start(&bucket_config(
         &crate::scenarios::Backend::Memory,
         &upstream,
         "\"{admin}\"",
     ));
-    let r = request(
-        proxy.admin,
+    let r = proxy.admin_request(
         "DELETE",
         "/v1/buckets?route=api&key=x",
         &[("Authorization", "Bearer anything")],

@@ -1,6 +1,7 @@
 //! Integration tests: real redis-server processes, a real upstream, the real proxy binary.
 //! One test binary, so it links once.
 
+mod admin_port;
 mod cli;
 mod compose;
 mod config_errors;
@@ -8,6 +9,7 @@ mod connections;
 mod console;
 mod first_run;
 mod grpc;
+mod h2_spellings;
 mod http2;
 mod llm_clients;
 mod llm_sdks;

@@ -7,8 +7,9 @@
 
 use crate::scenarios::{Backend, Setup};
 use crate::support::http::{send_raw, Response};
+use crate::support::proxy::Proxy;
 
-const ROUTES: &str = "  - name: login
+pub(crate) const ROUTES: &str = "  - name: login
     match: { path_prefix: \"/login\" }
     upstream: \"{upstream}\"
     limits: [{ name: per_user, capacity: 3, refill: \"1/m\", key: \"header:X-User\" }]
@@ -23,17 +24,17 @@ const ROUTES: &str = "  - name: login
     upstream: \"{upstream}\"
 ";
 
-const ROUTE_NAMES: [&str; 4] = ["login", "api", "raw", "default"];
+pub(crate) const ROUTE_NAMES: [&str; 4] = ["login", "api", "raw", "default"];
 
 /// Every response the proxy wrote, per route (`ratelimit_responses_total`).
-fn served(s: &Setup) -> Vec<u64> {
+pub(crate) fn served(proxy: &Proxy) -> Vec<u64> {
     ROUTE_NAMES
         .iter()
         .map(|r| {
             ["2xx", "4xx", "5xx"]
                 .iter()
                 .map(|c| {
-                    s.proxy.metric(&format!(
+                    proxy.metric(&format!(
                         "ratelimit_responses_total{{class=\"{c}\",route=\"{r}\"}}"
                     )) as u64
                 })
@@ -52,10 +53,10 @@ struct Seen {
 }
 
 fn send(s: &Setup, raw: &str) -> (Seen, Response) {
-    let before_routes = served(s);
+    let before_routes = served(&s.proxy);
     let before_hits = s.upstream.hits();
     let r = send_raw(s.proxy.addr, raw.as_bytes()).unwrap_or_else(|e| panic!("{raw:?}: {e}"));
-    let after = served(s);
+    let after = served(&s.proxy);
     let routes: Vec<&'static str> = ROUTE_NAMES
         .iter()
         .zip(before_routes.iter().zip(&after))

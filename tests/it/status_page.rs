@@ -36,6 +36,21 @@ fn render(url: &str) -> (String, String) {
     )
 }
 
+/// SHA-256 in base64, as a Content-Security-Policy hash source writes it (the openssl CLI).
+fn sha256_base64(bytes: &[u8]) -> String {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new("sh")
+        .args(["-c", "openssl dgst -sha256 -binary | openssl base64 -A"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("openssl");
+    child.stdin.take().unwrap().write_all(bytes).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
 #[test]
 fn the_status_page_shows_the_routes_and_the_key_being_limited() {
     let upstream = Upstream::start();
@@ -58,6 +73,22 @@ fn the_status_page_shows_the_routes_and_the_key_being_limited() {
     );
     for outside in ["src=", "href=", "@import", "url("] {
         assert!(!page.body.contains(outside), "fetches something: {outside}");
+    }
+
+    // The policy lets exactly the page's inline script and style run, by their hashes.
+    let csp = page.header("content-security-policy").unwrap_or_default();
+    for tag in ["script", "style"] {
+        let inline = page
+            .body
+            .split_once(&format!("<{tag}>"))
+            .and_then(|(_, rest)| rest.split_once(&format!("</{tag}>")))
+            .map(|(inside, _)| inside)
+            .unwrap_or_else(|| panic!("no <{tag}> in the page"));
+        let hash = format!("'sha256-{}'", sha256_base64(inline.as_bytes()));
+        assert!(
+            csp.contains(&format!("{tag}-src {hash}")),
+            "status.html changed: its {tag} is {hash} (src/admin/guard.rs), the policy says {csp}"
+        );
     }
 
     let (dom, log) = render(&format!("http://{}/", proxy.admin));

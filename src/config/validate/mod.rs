@@ -127,7 +127,7 @@ impl Validator<'_> {
             }
         };
         let listen = self.listen(raw.listen);
-        let (admin, admin_token_env) = self.admin(raw.admin);
+        let (admin, admin_token_env, admin_allowed_hosts) = self.admin(raw.admin);
         if let (Some(admin), Some(listen)) = (admin, &listen) {
             if listen.iter().any(|l| l.addr == admin) {
                 self.problem(
@@ -215,6 +215,7 @@ impl Validator<'_> {
             listen: listen?,
             admin: admin?,
             admin_token_env,
+            admin_allowed_hosts,
             redis,
             shutdown_grace: Duration::from_secs(grace),
             memory: MemorySettings {
@@ -336,28 +337,34 @@ impl Validator<'_> {
         (self.problems.len() == before).then_some(listeners)
     }
 
-    /// `admin`: `"IP:port"`, or `{ address, token_env }`.
-    fn admin(&mut self, raw: Option<serde_yaml::Value>) -> (Option<SocketAddr>, Option<String>) {
+    /// `admin`: `"IP:port"`, or `{ address, token_env, allowed_hosts }`.
+    fn admin(
+        &mut self,
+        raw: Option<serde_yaml::Value>,
+    ) -> (Option<SocketAddr>, Option<String>, Vec<String>) {
+        let mapped = matches!(raw, Some(serde_yaml::Value::Mapping(_)));
         let raw = match raw {
             None => RawAdmin {
                 address: None,
                 token_env: None,
+                allowed_hosts: None,
             },
             Some(serde_yaml::Value::String(address)) => RawAdmin {
                 address: Some(address),
                 token_env: None,
+                allowed_hosts: None,
             },
             Some(value) => match serde_path_to_error::deserialize(value) {
                 Ok(raw) => raw,
                 Err(err) => {
                     self.serde_problem(None, &[key("admin")], err, None);
-                    return (None, None);
+                    return (None, None, Vec::new());
                 }
             },
         };
-        let path = match raw.token_env {
-            Some(_) => vec![key("admin"), key("address")],
-            None => vec![key("admin")],
+        let path = match mapped {
+            true => vec![key("admin"), key("address")],
+            false => vec![key("admin")],
         };
         let address = self.address(None, path, raw.address.as_deref().unwrap_or(DEFAULT_ADMIN));
         let token_env = raw.token_env.filter(|name| {
@@ -372,7 +379,24 @@ impl Validator<'_> {
             }
             ok
         });
-        (address, token_env)
+        let allowed_hosts = raw
+            .allowed_hosts
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| {
+                let host = crate::canonical::host(h.as_bytes()).ok().filter(|_| !h.is_empty());
+                if host.is_none() {
+                    self.problem(
+                        None,
+                        vec![key("admin"), key("allowed_hosts"), Seg::Index(i)],
+                        format!("{h:?} is not a host name (a name or an IP address, with an optional port)"),
+                    );
+                }
+                host.map(|h| h.header_value())
+            })
+            .collect();
+        (address, token_env, allowed_hosts)
     }
 
     /// One `listen` entry: `"IP:port"`, or `{ address, tls: { cert_file, key_file } }`.

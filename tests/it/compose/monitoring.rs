@@ -58,7 +58,10 @@ fn files(dir: &Path, exts: &[&str]) -> Vec<PathBuf> {
 fn admin_port(config_path: &Path) -> u16 {
     // The default the README documents.
     let config = parse(config_path);
-    let admin = config["admin"].as_str().unwrap_or("127.0.0.1:9090");
+    let admin = config["admin"]
+        .as_str()
+        .or_else(|| config["admin"]["address"].as_str())
+        .unwrap_or("127.0.0.1:9090");
     let (host, port) = admin
         .rsplit_once(':')
         .unwrap_or_else(|| panic!("{}: admin {admin:?} has no port", shown(config_path)));
@@ -83,6 +86,14 @@ fn prometheus_scrapes_the_proxy_admin_port() {
 
     let proxy = proxy_config();
     let want = format!("{}:{}", proxy.service, admin_port(&proxy.host_path));
+    // Prometheus sends the target as its Host: the admin answers only names it was given.
+    let allowed = words(&parse(&proxy.host_path)["admin"]["allowed_hosts"]);
+    assert!(
+        allowed.contains(&proxy.service),
+        "{}: admin.allowed_hosts must name `{}`, the Host Prometheus scrapes it by; has {allowed:?}",
+        shown(&proxy.host_path),
+        proxy.service
+    );
 
     let scrape = parse(Path::new(PROMETHEUS_CONFIG));
     let jobs = list(&scrape["scrape_configs"]);

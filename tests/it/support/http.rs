@@ -42,7 +42,18 @@ pub fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response {
 }
 
 pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Response {
-    let mut raw = format!("{method} {path} HTTP/1.1\r\nHost: test.local\r\nConnection: close\r\n");
+    request_to(addr, "test.local", method, path, headers)
+}
+
+/// `request` with this Host (the admin port answers only its own names).
+pub fn request_to(
+    addr: SocketAddr,
+    host: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Response {
+    let mut raw = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
     for (name, value) in headers {
         raw.push_str(&format!("{name}: {value}\r\n"));
     }

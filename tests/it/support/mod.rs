@@ -2,6 +2,7 @@
 //! plain HTTP/1.1 client that sends exactly the bytes a test asks for.
 
 pub mod cluster;
+pub mod h2raw;
 pub mod http;
 pub mod lua;
 pub mod proxy;

@@ -163,8 +163,14 @@ impl Proxy {
         http::get(self.addr, path, headers)
     }
 
+    /// A GET on the admin port, by its own address (the Host it answers).
     pub fn admin_get(&self, path: &str) -> Response {
-        http::get(self.admin, path, &[])
+        self.admin_request("GET", path, &[])
+    }
+
+    /// Any request on the admin port, by its own address.
+    pub fn admin_request(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Response {
+        http::request_to(self.admin, &self.admin.to_string(), method, path, headers)
     }
 
     /// The value of one series, e.g. `ratelimit_decisions_total{decision="allowed",route="api"}`;

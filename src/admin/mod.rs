@@ -1,5 +1,11 @@
 //! The admin listener: `/metrics`, `/healthz`, `/readyz`, and the admin API (`/v1/…`, answered
-//! by `console`). A separate address, so the proxy listener never exposes them to clients.
+//! by `console`). A separate address, so the proxy listener never exposes them to clients; `guard`
+//! keeps it for operators (Host check, security headers, the store calls it may make at once).
+
+mod guard;
+
+pub use guard::{security_header_lines, HostCheck};
+use guard::{security_headers, StoreCalls};
 
 use crate::console;
 use crate::deny_cache::DenyCache;
@@ -27,6 +33,8 @@ pub struct Admin<L> {
     token: Option<String>,
     metrics: Metrics,
     resolvers: Resolvers,
+    hosts: HostCheck,
+    store_calls: StoreCalls,
 }
 
 /// What the admin listener is given besides the store.
@@ -38,6 +46,7 @@ pub struct AdminParts {
     pub reloader: Arc<Reloader>,
     pub deny_cache: Option<Arc<DenyCache>>,
     pub token: Option<String>,
+    pub hosts: HostCheck,
 }
 
 impl<L> Admin<L> {
@@ -51,6 +60,8 @@ impl<L> Admin<L> {
             token: parts.token,
             metrics: parts.metrics,
             resolvers: parts.resolvers,
+            hosts: parts.hosts,
+            store_calls: StoreCalls::default(),
         }
     }
 
@@ -84,7 +95,7 @@ impl<L> Admin<L> {
 
 /// The status page: one self-contained file (no CDN, no external font) that polls the JSON
 /// endpoints.
-const STATUS_PAGE: &str = include_str!("status.html");
+const STATUS_PAGE: &str = include_str!("../status.html");
 
 /// Equal, in a time that does not say where they differ.
 fn same(a: &[u8], b: &[u8]) -> bool {
@@ -176,70 +187,115 @@ impl<L: Limiter> ServeHttp for Admin<L> {
             };
             (status, kind, body)
         };
-        let (status, content_type, body) = match path.as_str() {
-            "/v1/buckets" if method == http::Method::GET => json(self.buckets(&query).await),
-            "/v1/buckets" if method == http::Method::DELETE => match self.authorize(session) {
-                Ok(()) => json(self.reset(&query).await),
-                Err((status, why)) => (status, "text/plain", why),
-            },
-            "/" => (
-                StatusCode::OK,
-                "text/html; charset=utf-8",
-                STATUS_PAGE.to_string(),
-            ),
-            "/v1/status" => {
-                let (config, hash, last) = self.reloader.snapshot();
-                let body = console::status(
-                    &self.plan.load(),
-                    (&config, &hash, &last),
-                    &self.metrics,
-                    &self.resolvers.expiries(),
-                );
-                (StatusCode::OK, "application/json", format!("{body:#}\n"))
-            }
-            "/v1/top" => {
-                let now = crate::clock::Clock::now_us(&crate::clock::SystemClock);
-                match console::top(&self.plan.load(), &query, now) {
-                    Ok(body) => (StatusCode::OK, "application/json", format!("{body:#}\n")),
-                    Err(why) => (StatusCode::BAD_REQUEST, "text/plain", format!("{why}\n")),
-                }
-            }
-            "/v1/buckets" => (
-                StatusCode::METHOD_NOT_ALLOWED,
+        let req = session.req_header();
+        let host = req
+            .headers
+            .get(header::HOST)
+            .map(|h| h.as_bytes())
+            .or_else(|| req.uri.authority().map(|a| a.as_str().as_bytes()));
+        let local = session.server_addr().and_then(|a| a.as_inet()).copied();
+        let probe = matches!(path.as_str(), "/healthz" | "/readyz");
+        let store_call = path == "/v1/buckets"
+            && (method == http::Method::GET || method == http::Method::DELETE);
+        // A store call's place, held until its answer is built.
+        let mut place = None;
+        let refused = if !probe && !self.hosts.allows(host, local) {
+            Some((
+                StatusCode::MISDIRECTED_REQUEST,
                 "text/plain",
-                "GET or DELETE\n".to_string(),
-            ),
-            "/metrics" => (
-                StatusCode::OK,
-                "text/plain; version=0.0.4",
-                metrics::render(&self.registry),
-            ),
-            "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
-            "/v1/routes" => {
-                let (config, hash, last) = self.reloader.snapshot();
-                let body = console::routes(&config, &hash, &last);
-                (StatusCode::OK, "application/json", format!("{body:#}\n"))
-            }
-            "/readyz" => match self.readiness().await {
-                Ok(()) => (StatusCode::OK, "text/plain", "ready\n".to_string()),
-                Err(e) => (
-                    StatusCode::SERVICE_UNAVAILABLE,
+                "this admin port answers only to its own address, localhost with its port, or a \
+                 name in admin.allowed_hosts\n"
+                    .to_string(),
+            ))
+        } else if store_call {
+            place = self.store_calls.try_enter();
+            place.is_none().then(|| {
+                (
+                    StatusCode::TOO_MANY_REQUESTS,
                     "text/plain",
-                    format!("not ready: rate-limit store: {e}\n"),
+                    format!(
+                        "{} bucket calls are under way, the most the admin makes at once: retry \
+                         in a second\n",
+                        guard::STORE_CALLS
+                    ),
+                )
+            })
+        } else {
+            None
+        };
+        let (status, content_type, body) = match refused {
+            Some(refused) => refused,
+            None => match path.as_str() {
+                "/v1/buckets" if method == http::Method::GET => json(self.buckets(&query).await),
+                "/v1/buckets" if method == http::Method::DELETE => match self.authorize(session) {
+                    Ok(()) => json(self.reset(&query).await),
+                    Err((status, why)) => (status, "text/plain", why),
+                },
+                "/" => (
+                    StatusCode::OK,
+                    "text/html; charset=utf-8",
+                    STATUS_PAGE.to_string(),
+                ),
+                "/v1/status" => {
+                    let (config, hash, last) = self.reloader.snapshot();
+                    let body = console::status(
+                        &self.plan.load(),
+                        (&config, &hash, &last),
+                        &self.metrics,
+                        &self.resolvers.expiries(),
+                    );
+                    (StatusCode::OK, "application/json", format!("{body:#}\n"))
+                }
+                "/v1/top" => {
+                    let now = crate::clock::Clock::now_us(&crate::clock::SystemClock);
+                    match console::top(&self.plan.load(), &query, now) {
+                        Ok(body) => (StatusCode::OK, "application/json", format!("{body:#}\n")),
+                        Err(why) => (StatusCode::BAD_REQUEST, "text/plain", format!("{why}\n")),
+                    }
+                }
+                "/v1/buckets" => (
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "text/plain",
+                    "GET or DELETE\n".to_string(),
+                ),
+                "/metrics" => (
+                    StatusCode::OK,
+                    "text/plain; version=0.0.4",
+                    metrics::render(&self.registry),
+                ),
+                "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+                "/v1/routes" => {
+                    let (config, hash, last) = self.reloader.snapshot();
+                    let body = console::routes(&config, &hash, &last);
+                    (StatusCode::OK, "application/json", format!("{body:#}\n"))
+                }
+                "/readyz" => match self.readiness().await {
+                    Ok(()) => (StatusCode::OK, "text/plain", "ready\n".to_string()),
+                    Err(e) => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "text/plain",
+                        format!("not ready: rate-limit store: {e}\n"),
+                    ),
+                },
+                _ => (
+                    StatusCode::NOT_FOUND,
+                    "text/plain",
+                    "not found: try /metrics, /healthz, /readyz, /v1/routes or /v1/buckets\n"
+                        .to_string(),
                 ),
             },
-            _ => (
-                StatusCode::NOT_FOUND,
-                "text/plain",
-                "not found: try /metrics, /healthz, /readyz, /v1/routes or /v1/buckets\n"
-                    .to_string(),
-            ),
         };
-        Response::builder()
+        let mut response = Response::builder()
             .status(status)
             .header(header::CONTENT_TYPE, content_type)
-            .header(header::CONTENT_LENGTH, body.len())
-            .body(body.into_bytes())
-            .unwrap_or_default()
+            .header(header::CONTENT_LENGTH, body.len());
+        for (name, value) in security_headers() {
+            response = response.header(name, value);
+        }
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            response = response.header(header::RETRY_AFTER, "1");
+        }
+        drop(place);
+        response.body(body.into_bytes()).unwrap_or_default()
     }
 }
