@@ -192,16 +192,14 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
                 route.counters.deny_cache_hit();
                 return Decided::Reject(Outcome::Rejected, d);
             }
-            Consult::StoreFailed => {
-                return self.verdict(route, draw, Err(LimiterError::Unavailable))
-            }
+            Consult::StoreFailed(e) => return self.verdict(route, draw, Err(e)),
             Consult::Ask(refresh) => refresh,
         };
         let result = self.limiter.check(&draw.buckets()).await;
         self.forget_leases(draw, &result);
         match (&result, refresh) {
             (Ok(d), refresh) => cache.note(&draw.keys, &draw.params, d, now(), refresh),
-            (Err(_), Some(refresh)) => refresh.failed(),
+            (Err(e), Some(refresh)) => refresh.failed(e.clone()),
             (Err(_), None) => {}
         }
         self.verdict(route, draw, result)
@@ -221,6 +219,7 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
                 // Per-request detail stays at debug: an outage would otherwise flood the log, and
                 // the error counter and the breaker's warning already say it is happening.
                 log::debug!("route {}: rate-limit store failed: {e}", route.name);
+                route.counters.store_failed(e.cause());
                 match route.on_redis_error {
                     FailMode::Open => Decided::Pass(Outcome::FailOpen, None),
                     FailMode::Closed => Decided::Unavailable,

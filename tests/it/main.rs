@@ -9,6 +9,7 @@ mod console;
 mod first_run;
 mod grpc;
 mod http2;
+mod key_floods;
 mod llm_sdks;
 mod lua_script;
 mod normalise;

@@ -1,0 +1,88 @@
+//! Floods of client-chosen keys must not reset or switch off anybody's limits: spent buckets and
+//! quotas survive a flood of junk keys in the in-memory store at its `max_keys`, and in an
+//! evicting Redis; what one client address can make the store hold is bounded.
+
+use crate::scenarios::{Backend, Setup};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Sends `n` requests to `path`, each with a fresh value of header `x-key`, from 4 threads;
+/// returns how many got each status: (2xx, 429, other).
+pub fn flood(s: &Setup, path: &str, n: u64, tag: &str) -> (u64, u64, u64) {
+    let (ok, limited, other) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let next = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Relaxed);
+                if i >= n {
+                    break;
+                }
+                let key = format!("junk-{tag}-{i}");
+                let status = s.proxy.get(path, &[("x-key", &key)]).status;
+                match status {
+                    200..=299 => ok.fetch_add(1, Relaxed),
+                    429 => limited.fetch_add(1, Relaxed),
+                    _ => other.fetch_add(1, Relaxed),
+                };
+            });
+        }
+    });
+    (ok.into_inner(), limited.into_inner(), other.into_inner())
+}
+
+/// A bucket of one token an hour and a daily quota of one, both keyed on a header: a client
+/// that spent them is refused for an hour / until midnight, whatever else happens.
+pub const SPENDABLE: &str = "  - name: bucket
+    match: { path_prefix: \"/b\" }
+    upstream: \"{upstream}\"
+    limits: [{ name: l, capacity: 1, refill: \"1/h\", key: \"header:x-key\" }]
+  - name: quota
+    match: { path_prefix: \"/q\" }
+    upstream: \"{upstream}\"
+    limits: [{ name: daily, quota: { amount: 1, period: day }, key: \"header:x-key\" }]
+";
+
+/// The victim spends its bucket and its quota: one 200 each, then 429.
+pub fn spend(s: &Setup) {
+    for path in ["/b", "/q"] {
+        let victim = [("x-key", "victim")];
+        assert_eq!(s.proxy.get(path, &victim).status, 200, "{path}");
+        assert_eq!(s.proxy.get(path, &victim).status, 429, "{path}");
+    }
+}
+
+/// What the victim gets after the flood: the statuses of one request on each route.
+pub fn victim_after(s: &Setup) -> [u16; 2] {
+    ["/b", "/q"].map(|path| s.proxy.get(path, &[("x-key", "victim")]).status)
+}
+
+#[test]
+fn a_junk_key_flood_at_max_keys_never_gives_a_spent_key_its_budget_back() {
+    // 1000 keys: 15 per shard (64 shards); the flood writes 2000 per route, ~60 per shard.
+    let s = Setup::start_with_config(Backend::Memory, SPENDABLE, "memory: { max_keys: 1000 }\n");
+    spend(&s);
+    let (b_ok, _, b_other) = flood(&s, "/b", 2000, "b");
+    let (q_ok, _, q_other) = flood(&s, "/q", 2000, "q");
+    assert_eq!(
+        victim_after(&s),
+        [429, 429],
+        "the spent bucket and quota must survive the flood\n{}",
+        s.proxy.report()
+    );
+    // The store filled: new keys beyond it follow on_redis_error (open here), counted by cause.
+    assert_eq!((b_ok, q_ok, b_other, q_other), (2000, 2000, 0, 0));
+    let full = s
+        .proxy
+        .metric("ratelimit_store_failures_total{cause=\"store_full\",route=\"bucket\"}")
+        + s.proxy
+            .metric("ratelimit_store_failures_total{cause=\"store_full\",route=\"quota\"}");
+    let fail_open =
+        s.proxy.decisions("bucket", "fail_open") + s.proxy.decisions("quota", "fail_open");
+    assert!(full >= 2000.0, "{full} store_full\n{}", s.proxy.report());
+    assert_eq!(full as u64, fail_open);
+    assert!(
+        s.proxy.stderr().contains("in-memory store is full"),
+        "the operator is told\n{}",
+        s.proxy.report()
+    );
+}
