@@ -86,3 +86,82 @@ fn a_junk_key_flood_at_max_keys_never_gives_a_spent_key_its_budget_back() {
         s.proxy.report()
     );
 }
+
+/// The proxy's start says, in one line, when Redis may evict its keys, and what to set instead.
+#[test]
+fn the_start_warns_once_about_an_evicting_maxmemory_policy() {
+    use crate::support::redis::RedisServer;
+    for (policy, warned) in [("allkeys-lru", true), ("volatile-ttl", false)] {
+        let redis = RedisServer::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", policy]);
+        let s = Setup::start(Backend::Redis(redis), SPENDABLE);
+        let said = format!("Redis maxmemory-policy is {policy}");
+        let stderr = crate::support::wait_for(
+            "the eviction check's line",
+            std::time::Duration::from_secs(10),
+            || Some(s.proxy.stderr()).filter(|e| e.contains(&said)),
+        );
+        let lines: Vec<&str> = stderr.lines().filter(|l| l.contains(&said)).collect();
+        assert_eq!(lines.len(), 1, "{stderr}");
+        if warned {
+            assert!(lines[0].contains("WARN"), "{}", lines[0]);
+            assert!(
+                lines[0].contains("set maxmemory-policy volatile-ttl")
+                    && lines[0].contains("or noeviction"),
+                "{}",
+                lines[0]
+            );
+        } else {
+            assert!(!lines[0].contains("WARN"), "{}", lines[0]);
+        }
+    }
+}
+
+/// `volatile-ttl` and `noeviction` are safe only because every key the proxy writes expires:
+/// buckets in each format, quotas, and concurrency leases while held.
+#[test]
+fn every_key_the_proxy_writes_has_a_ttl() {
+    use crate::support::redis::RedisServer;
+    let routes = "  - name: kinds
+    upstream: \"{upstream}\"
+    limits:
+      - { name: b, capacity: 5, refill: \"1/s\", key: \"header:x-key\" }
+      - { name: q, quota: { amount: 5, period: month }, key: \"header:x-key\" }
+      - { name: c, concurrency: 5, key: \"header:x-key\" }
+";
+    for format in ["hash", "packed", "packed_ttl"] {
+        let redis = RedisServer::start();
+        let top = format!(
+            "redis:\n  url: \"{}\"\n  timeout_ms: 2000\n  state_format: {format}\n",
+            redis.url()
+        );
+        let s = Setup::start_with_config(Backend::Redis(redis), routes, &top);
+        assert_eq!(s.proxy.get("/", &[("x-key", "a")]).status, 200);
+        // One request held at the upstream keeps its lease in the store.
+        s.upstream.open(false);
+        let held = std::thread::scope(|scope| {
+            let req = scope.spawn(|| s.proxy.get("/hold", &[("x-key", "a")]).status);
+            crate::support::wait_for(
+                "the held request",
+                std::time::Duration::from_secs(10),
+                || (s.upstream.in_flight() == 1).then_some(()),
+            );
+            let Backend::Redis(redis) = &s.backend else {
+                unreachable!()
+            };
+            let keys: Vec<String> = redis.cmd(&["KEYS", "rl:*"]);
+            let ttls: Vec<(String, i64)> = keys
+                .iter()
+                .map(|k| (k.clone(), redis.cmd(&["PTTL", k])))
+                .collect();
+            s.upstream.open(true);
+            assert_eq!(req.join().unwrap(), 200);
+            ttls
+        });
+        assert_eq!(
+            held.len(),
+            3,
+            "{format}: a bucket, a quota, a lease set: {held:?}"
+        );
+        assert!(held.iter().all(|(_, ttl)| *ttl > 0), "{format}: {held:?}");
+    }
+}

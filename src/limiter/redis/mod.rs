@@ -18,6 +18,7 @@
 mod batch;
 mod charge;
 mod cluster;
+pub mod eviction;
 mod inspect;
 mod release;
 mod sentinel;
@@ -323,6 +324,22 @@ impl RedisLimiter {
                 "redis: key {key} held something other than a bucket; rewritten as a full bucket{}",
                 since(more, "minute")
             );
+        }
+    }
+
+    /// Warns once when Redis's `maxmemory-policy` can evict the proxy's keys (`eviction`); says
+    /// at info level when it cannot be read (an ACL without `+info`, Redis not up yet).
+    pub async fn check_eviction(&self) {
+        let wait = self.timeout.max(Duration::from_secs(2));
+        match tokio::time::timeout(wait, eviction::read(self.caller.topology.as_ref())).await {
+            Ok(Ok((policy, maxmemory))) => match eviction::advice(&policy, maxmemory) {
+                Some(line) => log::warn!("{line}"),
+                None => {
+                    log::info!("Redis maxmemory-policy is {policy}: no spent budget is evicted")
+                }
+            },
+            Ok(Err(e)) => log::info!("redis maxmemory-policy not checked: {e}"),
+            Err(_) => log::info!("redis maxmemory-policy not checked: no answer within {wait:?}"),
         }
     }
 
