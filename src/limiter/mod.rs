@@ -5,6 +5,7 @@
 
 pub mod breaker;
 pub mod bucket;
+pub mod late;
 pub mod memory;
 pub mod redis;
 

@@ -6,6 +6,7 @@ mod compose;
 mod config_errors;
 mod connections;
 mod console;
+mod fail_causes;
 mod first_run;
 mod grpc;
 mod http2;

@@ -378,6 +378,16 @@ impl Limiter for RedisLimiter {
                 self.metrics.redis_error(e.kind());
                 let transition = if e.is_transient() {
                     self.breaker.failure(started, Instant::now())
+                } else if let LimiterError::Late { .. } = e {
+                    // Says nothing about Redis, either way: the breaker hears nothing of it.
+                    if let Some(more) = self.errors.note(e.kind().as_str(), Instant::now()) {
+                        log::warn!(
+                            "a decision ran out of time while the proxy itself ran late (a busy or \
+                             starved process), not counted against Redis: {e}{}",
+                            since(more, "10 s")
+                        );
+                    }
+                    None
                 } else {
                     if let Some(more) = self.errors.note(e.kind().as_str(), Instant::now()) {
                         log::warn!(
