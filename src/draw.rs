@@ -4,6 +4,7 @@
 
 use crate::config::{KeySource, MissingKey};
 use crate::key::Identity;
+use crate::key_budget::KeyBudget;
 use crate::limiter::{Bucket, BucketParams};
 use crate::plan::RoutePlan;
 use http::HeaderMap;
@@ -19,6 +20,8 @@ pub struct RequestFacts<'a> {
     /// What the request reserves of each of the route's limits beside its cost (`reserve`), by
     /// the limit's index; empty when none does.
     pub reserved: &'a [u64],
+    /// `new_keys_per_client`, when set (`client_ip` is then always filled in).
+    pub key_budget: Option<&'a KeyBudget>,
 }
 
 impl RequestFacts<'_> {
@@ -124,7 +127,21 @@ pub fn draws(route: &RoutePlan, facts: &RequestFacts<'_>) -> Draws {
             params.cost += reserved;
             local.cost = (local.cost + reserved).min(local.capacity.max(local.cost));
         }
-        draw.keys.push(route.keys.key(i, &parts));
+        let mut key = route.keys.key(i, &parts);
+        if let Some(budget) = facts.key_budget {
+            let chosen = |(p, s): (&Identity<'_>, &KeySource)| {
+                matches!(p, Identity::Value(_)) && s.client_chosen()
+            };
+            if parts.iter().zip(&limit.key).any(chosen) && !budget.admit(facts.client_ip, &key) {
+                for (p, s) in parts.iter_mut().zip(&limit.key) {
+                    if s.client_chosen() {
+                        *p = Identity::Overflow(facts.client_ip.as_bytes());
+                    }
+                }
+                key = route.keys.key(i, &parts);
+            }
+        }
+        draw.keys.push(key);
         draw.params.push(params);
         draw.local.push(local);
         draw.limits.push(i);

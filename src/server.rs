@@ -318,12 +318,13 @@ fn serve<L: Limiter>(
         .as_ref()
         .map(|redis| Arc::new(DenyCache::new(DENY_CACHE_ENTRIES, redis.timeout)));
     let fallback = MemoryLimiter::new(SystemClock, config.memory.max_keys);
-    let gate = Arc::new(Gate::new(
-        limiter.clone(),
-        deny_cache.clone(),
-        fallback,
-        SystemClock,
-    ));
+    let gate = Arc::new(
+        Gate::new(limiter.clone(), deny_cache.clone(), fallback, SystemClock).with_key_budget(
+            config
+                .new_keys_per_client
+                .map(|b| Arc::new(crate::key_budget::KeyBudget::new(b))),
+        ),
+    );
     // One single-threaded service per worker thread, each on its own `SO_REUSEPORT` socket
     // (`bind`) with its own upstream pool: a connection, the upstream connection it borrows and
     // that connection's idle watch stay on one thread. With one service of N threads, Pingora

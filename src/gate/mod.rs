@@ -12,6 +12,7 @@ use crate::config::FailMode;
 use crate::deny_cache::{Consult, DenyCache};
 use crate::draw::{draws, Draw, Draws, RequestFacts};
 use crate::held::{Held, LeaseIds};
+use crate::key_budget::KeyBudget;
 use crate::limiter::memory::MemoryLimiter;
 use crate::limiter::{Decision, Limiter, LimiterError};
 use crate::metrics::Outcome;
@@ -29,6 +30,8 @@ pub struct Gate<L, C> {
     /// Decides for `on_redis_error: local` routes while the store fails.
     fallback: MemoryLimiter<C>,
     clock: C,
+    /// `new_keys_per_client`, when set.
+    key_budget: Option<Arc<KeyBudget>>,
 }
 
 /// A request as the gate needs it: canonical (`canonical`), its client found (`client`).
@@ -81,7 +84,14 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
             deny_cache,
             fallback,
             clock,
+            key_budget: None,
         }
+    }
+
+    /// Bounds the keys each client address creates through parts it chooses (`key_budget`).
+    pub fn with_key_budget(mut self, budget: Option<Arc<KeyBudget>>) -> Self {
+        self.key_budget = budget;
+        self
     }
 
     /// Decides `request` on `route`. An admitted request may hold concurrency leases: they are
@@ -93,7 +103,7 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
         }
         // Formatted only for routes whose keys read it.
         let client_ip = match request.client {
-            Some(ip) if route.keys_on_client_ip() => {
+            Some(ip) if route.keys_on_client_ip() || self.key_budget.is_some() => {
                 let mut text = Vec::with_capacity(39);
                 crate::text::ip(&mut text, ip);
                 // ASCII digits, dots, colons and hex letters only.
@@ -108,6 +118,7 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
             query: request.query,
             headers: request.headers,
             reserved: request.reserved,
+            key_budget: self.key_budget.as_deref(),
         };
         let (mut enforced, mut shadow) = match draws(route, &facts) {
             Draws::Buckets { enforced, shadow } => (enforced, shadow),

@@ -165,3 +165,96 @@ fn every_key_the_proxy_writes_has_a_ttl() {
         assert!(held.iter().all(|(_, ttl)| *ttl > 0), "{format}: {held:?}");
     }
 }
+
+fn dbsize(s: &Setup) -> u64 {
+    match &s.backend {
+        Backend::Redis(r) => r.cmd(&["DBSIZE"]),
+        Backend::Memory => unreachable!(),
+    }
+}
+
+fn redis_top(s: &crate::support::redis::RedisServer, budget: &str) -> String {
+    format!(
+        "redis:\n  url: \"{}\"\n  timeout_ms: 2000\nnew_keys_per_client: {budget}\n",
+        s.url()
+    )
+}
+
+/// One address inventing keys: without a budget, Redis holds a key per request; with
+/// `new_keys_per_client: 100/m`, at most the budget, and the rest of the flood is counted (and
+/// limited) on one bucket of the address per limit.
+#[test]
+fn a_flood_from_one_address_creates_at_most_its_budget_of_keys() {
+    use crate::support::redis::RedisServer;
+    // 100 at once, then 100 a minute: the few seconds of the flood add a handful.
+    for (budget, most) in [("off", None), ("100/m", Some(100 + 2 + 10))] {
+        let redis = RedisServer::start();
+        let top = redis_top(&redis, budget);
+        let s = Setup::start_with_config(Backend::Redis(redis), SPENDABLE, &top);
+        let (ok_b, limited_b, _) = flood(&s, "/b", 1000, "b");
+        let (ok_q, limited_q, _) = flood(&s, "/q", 1000, "q");
+        let keys = dbsize(&s);
+        match most {
+            None => {
+                assert_eq!(keys, 2000, "a key per request");
+                assert_eq!((ok_b, ok_q), (1000, 1000));
+            }
+            Some(most) => {
+                assert!(keys <= most, "{keys} keys\n{}", s.proxy.report());
+                // 100 new keys in all (and what refilled), then one bucket of the address per
+                // route, of capacity 1: every key made is one admitted request.
+                assert_eq!(ok_b + ok_q, keys, "{ok_b} + {ok_q}");
+                assert_eq!(limited_b + limited_q, 2000 - keys);
+            }
+        }
+        eprintln!("new_keys_per_client {budget}: {keys} keys after a 2,000-key flood");
+    }
+}
+
+/// With an evicting Redis (`allkeys-lru`, a small `maxmemory`) a flood of fresh keys evicts a
+/// victim's spent bucket and quota and gives them back; with the budget the flood cannot grow the
+/// keyspace, so they survive (a flood from many addresses still can: set `volatile-ttl` or
+/// `noeviction`, as the start warns).
+#[test]
+fn under_allkeys_lru_the_budget_keeps_a_victims_spent_bucket() {
+    use crate::support::redis::RedisServer;
+    for (budget, kept) in [("off", false), ("100/m", true)] {
+        let redis =
+            RedisServer::start_with(&["--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru"]);
+        let top = redis_top(&redis, budget);
+        let s = Setup::start_with_config(Backend::Redis(redis), SPENDABLE, &top);
+        spend(&s);
+        flood(&s, "/b", 6000, "b");
+        flood(&s, "/q", 6000, "q");
+        let evicted: String = match &s.backend {
+            Backend::Redis(r) => r.cmd(&["INFO", "stats"]),
+            Backend::Memory => unreachable!(),
+        };
+        let evicted = evicted
+            .lines()
+            .find_map(|l| l.strip_prefix("evicted_keys:"))
+            .unwrap_or("?")
+            .trim()
+            .to_string();
+        // This proxy's deny cache still refuses the victim; any other proxy of the fleet reads
+        // Redis, where an evicted key is a full bucket and a fresh quota.
+        let victim = ["rl:{bucket:victim}:l", "rl:{quota:victim}:daily@quota"];
+        let held: Vec<bool> = match &s.backend {
+            Backend::Redis(r) => victim
+                .iter()
+                .map(|k| r.cmd::<bool>(&["EXISTS", k]))
+                .collect(),
+            Backend::Memory => unreachable!(),
+        };
+        eprintln!(
+            "new_keys_per_client {budget}: {evicted} keys evicted, the victim's kept: {held:?}"
+        );
+        assert_eq!(
+            held,
+            [kept, kept],
+            "budget {budget}: {evicted} evicted\n{}",
+            s.proxy.report()
+        );
+        assert_eq!(victim_after(&s), [429, 429]);
+    }
+}
