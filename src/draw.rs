@@ -4,6 +4,7 @@
 
 use crate::config::{KeySource, MissingKey};
 use crate::key::Identity;
+use crate::key_budget::KeyBudget;
 use crate::limiter::{Bucket, BucketParams};
 use crate::plan::RoutePlan;
 use http::HeaderMap;
@@ -19,6 +20,8 @@ pub struct RequestFacts<'a> {
     /// What the request reserves of each of the route's limits beside its cost (`reserve`), by
     /// the limit's index; empty when none does.
     pub reserved: &'a [u64],
+    /// `new_keys_per_client`, when set (`client_ip` is then always filled in).
+    pub key_budget: Option<&'a KeyBudget>,
 }
 
 impl RequestFacts<'_> {
@@ -48,7 +51,7 @@ impl RequestFacts<'_> {
             KeySource::FirstOf(alternatives) => {
                 let found = alternatives.iter().find_map(|a| match self.part(a) {
                     Identity::Value(v) | Identity::Secret(v) => Some(v),
-                    Identity::Missing | Identity::Route => None,
+                    Identity::Missing | Identity::Route | Identity::Overflow(_) => None,
                 });
                 match found {
                     // The same secret sent either way (`x-api-key` or `Bearer`) is one key.
@@ -166,7 +169,21 @@ pub fn draws(route: &RoutePlan, facts: &RequestFacts<'_>) -> Draws {
             params.cost += reserved;
             local.cost = (local.cost + reserved).min(local.capacity.max(local.cost));
         }
-        draw.keys.push(route.keys.key(i, &parts));
+        let mut key = route.keys.key(i, &parts);
+        if let Some(budget) = facts.key_budget {
+            let chosen = |(p, s): (&Identity<'_>, &KeySource)| {
+                matches!(p, Identity::Value(_) | Identity::Secret(_)) && s.client_chosen()
+            };
+            if parts.iter().zip(&limit.key).any(chosen) && !budget.admit(facts.client_ip, &key) {
+                for (p, s) in parts.iter_mut().zip(&limit.key) {
+                    if s.client_chosen() {
+                        *p = Identity::Overflow(facts.client_ip.as_bytes());
+                    }
+                }
+                key = route.keys.key(i, &parts);
+            }
+        }
+        draw.keys.push(key);
         draw.params.push(params);
         draw.local.push(local);
         draw.limits.push(i);
@@ -220,6 +237,7 @@ mod tests {
                 query: None,
                 headers,
                 reserved: &[],
+                key_budget: None,
             }
         }
         let mut headers = authorization(&["Bearer sk-1"]);

@@ -26,6 +26,9 @@ pub enum Identity<'a> {
     Missing,
     /// The route-wide bucket: no per-client part.
     Route,
+    /// A part the client chose, counted on its address (`key_budget`): `!` and the address,
+    /// which no value can spell (`!` is never kept raw).
+    Overflow(&'a [u8]),
 }
 
 /// The key layout of one route, computed once at config load.
@@ -109,6 +112,11 @@ fn push_value(key: &mut String, id: Identity<'_>) {
             }
         }
         Identity::Secret(v) if !v.is_empty() => push_hash(key, v),
+        Identity::Overflow(client) => {
+            key.push('!');
+            // An address as `text::ip` writes it: hex digits, dots and colons.
+            key.push_str(std::str::from_utf8(client).unwrap_or_default());
+        }
         Identity::Value(_) | Identity::Secret(_) | Identity::Missing | Identity::Route => {
             key.push('~')
         }
@@ -175,6 +183,14 @@ mod tests {
         assert_eq!(plan.key(0, &[Identity::Missing]), "rl:{api:~}:k");
         assert_eq!(plan.key(0, &[Identity::Value(b"")]), "rl:{api:~}:k");
         assert_ne!(plan.key(0, &[Identity::Value(b"~")]), "rl:{api:~}:k");
+        assert_eq!(
+            plan.key(0, &[Identity::Overflow(b"10.0.0.7")]),
+            "rl:{api:!10.0.0.7}:k"
+        );
+        assert_ne!(
+            plan.key(0, &[Identity::Value(b"!10.0.0.7")]),
+            "rl:{api:!10.0.0.7}:k"
+        );
     }
 
     #[test]

@@ -45,6 +45,7 @@ pub mod headers;
 pub mod health;
 pub mod held;
 pub mod key;
+pub mod key_budget;
 pub mod limiter;
 pub mod logging;
 pub mod metrics;

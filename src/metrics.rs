@@ -60,17 +60,45 @@ words! {
     pub enum ErrorKind {
         /// No answer within `timeout_ms`.
         Timeout = "timeout",
+        /// No answer within `timeout_ms`, most of it lost to the proxy's own lateness.
+        ProxyLate = "proxy_late",
         /// Redis unreachable: refused, reset, dropped.
         Connection = "connection",
         /// The script failed.
         Script = "script",
         /// Redis at `maxmemory` refused the writes.
         Oom = "oom",
+        /// The in-memory store at `memory.max_keys` had no room for a new bucket.
+        StoreFull = "store_full",
         /// A bucket key held something else and was rewritten (the decision was made).
         BadState = "bad_state",
         Other = "other",
         /// Not asked: the circuit breaker is open.
         Unavailable = "unavailable",
+    }
+}
+
+words! {
+    /// Why a decision was not made by the store and followed the route's `on_redis_error`, as
+    /// `ratelimit_store_failures_total`'s `cause` label spells it. Every `fail_open`,
+    /// `fail_closed`, `local_fallback` and `local_rejected` decision is counted under one.
+    pub enum Cause {
+        /// Redis did not answer within `timeout_ms`, and it had at least half of it.
+        Timeout = "timeout",
+        /// The budget ran out while the proxy itself ran late (a starved or overloaded process):
+        /// not counted against Redis by the circuit breaker.
+        ProxyLate = "proxy_late",
+        /// Redis unreachable: refused, reset, dropped.
+        Connection = "connection",
+        /// Not asked: the circuit breaker is open (or probing).
+        BreakerOpen = "breaker_open",
+        /// Redis at `maxmemory` with `noeviction` refused the writes.
+        Oom = "oom",
+        /// The in-memory store at `memory.max_keys` had no room for a new bucket.
+        StoreFull = "store_full",
+        /// The script failed, or its reply was not understood.
+        Script = "script",
+        Other = "other",
     }
 }
 
@@ -95,6 +123,7 @@ pub struct Metrics {
     redis_up: IntGauge,
     breaker_transitions: IntCounterVec,
     deny_cache_hits: IntCounterVec,
+    store_failures: IntCounterVec,
     responses: IntCounterVec,
     inflight: IntGaugeVec,
     usage_charged: IntCounterVec,
@@ -114,6 +143,8 @@ pub struct Metrics {
 pub struct RouteCounters {
     decisions: [IntCounter; Outcome::COUNT],
     deny_cache_hits: IntCounter,
+    /// Decisions that followed `on_redis_error`, by `Cause`.
+    store_failures: [IntCounter; Cause::COUNT],
     /// Responses by status class, 1xx to 5xx.
     responses: [IntCounter; 5],
     /// The route's most refused keys (`/v1/top`).
@@ -135,6 +166,11 @@ impl RouteCounters {
     /// A rejection answered from the deny cache, without a store call.
     pub fn deny_cache_hit(&self) {
         self.deny_cache_hits.inc();
+    }
+
+    /// The store did not decide, for this cause: the route's `on_redis_error` did.
+    pub fn store_failed(&self, cause: Cause) {
+        self.store_failures[cause as usize].inc();
     }
 
     /// A response with `status` went to the client (whoever wrote it: upstream, limiter, proxy).
@@ -218,6 +254,14 @@ impl Metrics {
             ),
             &["route"],
         )?;
+        let store_failures = IntCounterVec::new(
+            Opts::new(
+                "ratelimit_store_failures_total",
+                "Decisions the store did not make, which followed on_redis_error, by route and cause",
+            ),
+            &["route", "cause"],
+        )?;
+        registry.register(Box::new(store_failures.clone()))?;
         let responses = IntCounterVec::new(
             Opts::new(
                 "ratelimit_responses_total",
@@ -311,6 +355,7 @@ impl Metrics {
             redis_up,
             breaker_transitions,
             deny_cache_hits,
+            store_failures,
             responses,
             inflight,
             usage_charged,
@@ -356,6 +401,8 @@ impl Metrics {
         RouteCounters {
             decisions: Outcome::ALL.map(|o| self.decisions.with_label_values(&[route, o.as_str()])),
             deny_cache_hits: self.deny_cache_hits.with_label_values(&[route]),
+            store_failures: Cause::ALL
+                .map(|c| self.store_failures.with_label_values(&[route, c.as_str()])),
             responses: ["1xx", "2xx", "3xx", "4xx", "5xx"]
                 .map(|class| self.responses.with_label_values(&[route, class])),
             top: self
@@ -510,6 +557,11 @@ mod tests {
                 "ratelimit_redis_errors_total",
                 "kind",
                 sorted(ErrorKind::words()),
+            ),
+            (
+                "ratelimit_store_failures_total",
+                "cause",
+                sorted(Cause::words()),
             ),
             (
                 "ratelimit_redis_breaker_transitions_total",

@@ -11,7 +11,9 @@
 //! on `rl:{--check}:inflight@inflight` (sorted-set commands an ACL must allow too).
 
 use crate::config::{ClockSource, RedisSettings, StateFormat};
-use crate::limiter::redis::{full_reply, Topology, PEEK_LUA, RENEW_LUA, TOKEN_BUCKET_LUA};
+use crate::limiter::redis::{
+    eviction, full_reply, Topology, PEEK_LUA, RENEW_LUA, TOKEN_BUCKET_LUA,
+};
 use redis::{Cmd, ErrorKind, RedisError, Value};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -23,13 +25,16 @@ const AT_LEAST: Duration = Duration::from_secs(2);
 pub struct Line {
     pub what: String,
     pub result: Result<(), String>,
+    /// Passed, but risky: printed as a warning; the check still succeeds.
+    pub warning: Option<String>,
 }
 
 impl std::fmt::Display for Line {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.result {
-            Ok(()) => write!(f, "redis {}: ok", self.what),
-            Err(why) => write!(f, "redis {}: FAILED: {why}", self.what),
+        match (&self.result, &self.warning) {
+            (Ok(()), Some(warning)) => write!(f, "redis {}: WARNING: {warning}", self.what),
+            (Ok(()), None) => write!(f, "redis {}: ok", self.what),
+            (Err(why), _) => write!(f, "redis {}: FAILED: {why}", self.what),
         }
     }
 }
@@ -54,6 +59,7 @@ pub async fn check(redis: &RedisSettings, topology: &dyn Topology, leases: bool)
         lines.push(Line {
             what: what.to_string(),
             result,
+            warning: None,
         });
         ok
     };
@@ -201,7 +207,41 @@ pub async fn check(redis: &RedisSettings, topology: &dyn Topology, leases: bool)
             timed.map_err(|e| e.to_string()),
         );
     }
+    lines.push(eviction_line(
+        tokio::time::timeout(wait, eviction::read(topology)).await,
+    ));
     lines
+}
+
+/// Whether Redis may evict the proxy's keys: a warning, never a failure (a Redis without
+/// `maxmemory` evicts nothing yet; an ACL may not allow `INFO`).
+fn eviction_line(
+    read: Result<Result<(String, u64), RedisError>, tokio::time::error::Elapsed>,
+) -> Line {
+    let (what, warning) = match read {
+        Ok(Ok((policy, maxmemory))) => (
+            format!("maxmemory-policy ({policy})"),
+            eviction::advice(&policy, maxmemory),
+        ),
+        Ok(Err(e)) => (
+            "maxmemory-policy".to_string(),
+            Some(format!(
+                "not read ({e}): INFO memory shows it; make sure it is volatile-ttl or noeviction"
+            )),
+        ),
+        Err(_) => (
+            "maxmemory-policy".to_string(),
+            Some(
+                "not read (no answer to INFO memory): make sure it is volatile-ttl or noeviction"
+                    .into(),
+            ),
+        ),
+    };
+    Line {
+        what,
+        result: Ok(()),
+        warning,
+    }
 }
 
 /// The script's reply to one request: admitted, with a full bucket each time.
@@ -304,11 +344,13 @@ mod tests {
         let ok = Line {
             what: "SCRIPT LOAD".into(),
             result: Ok(()),
+            warning: None,
         };
         assert_eq!(ok.to_string(), "redis SCRIPT LOAD: ok");
         let failed = Line {
             what: "authenticated".into(),
             result: Err("WRONGPASS".into()),
+            warning: None,
         };
         assert_eq!(failed.to_string(), "redis authenticated: FAILED: WRONGPASS");
     }

@@ -140,16 +140,13 @@ pub fn run(config: Config, path: &Path, options: RunOptions) -> Result<(), Start
                 format: redis.state_format,
                 metrics,
             };
-            serve(
-                &config,
-                parts,
-                Arc::new(RedisLimiter::new(topology, options)),
-            )
+            let limiter = Arc::new(RedisLimiter::new(topology, options));
+            serve(&config, parts, limiter.clone(), Some(limiter))
         }
         None => {
             log::warn!("no `redis:` section: limits are kept in this process's memory and hold per proxy, not across a fleet");
             let limiter = MemoryLimiter::new(SystemClock, config.memory.max_keys);
-            serve(&config, parts, Arc::new(limiter))
+            serve(&config, parts, Arc::new(limiter), None)
         }
     }
 }
@@ -274,7 +271,24 @@ fn add_listener<A>(
     Ok(())
 }
 
-fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(), StartError> {
+/// Reads Redis's `maxmemory-policy` once the server runs (a Redis handle must be made inside a
+/// Pingora runtime) and warns when it can evict the proxy's keys.
+struct EvictionCheck(Arc<RedisLimiter>);
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for EvictionCheck {
+    async fn start(&self, _shutdown: pingora::server::ShutdownWatch) {
+        self.0.check_eviction().await;
+    }
+}
+
+/// `redis`: the Redis store, whose eviction policy is checked at start.
+fn serve<L: Limiter>(
+    config: &Config,
+    parts: Parts,
+    limiter: Arc<L>,
+    redis: Option<Arc<RedisLimiter>>,
+) -> Result<(), StartError> {
     exit_on_listener_panic();
     if let Some(warning) = crate::downstream::make_room_for(config.downstream.max_connections) {
         log::warn!("{warning}");
@@ -304,12 +318,13 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
         .as_ref()
         .map(|redis| Arc::new(DenyCache::new(DENY_CACHE_ENTRIES, redis.timeout)));
     let fallback = MemoryLimiter::new(SystemClock, config.memory.max_keys);
-    let gate = Arc::new(Gate::new(
-        limiter.clone(),
-        deny_cache.clone(),
-        fallback,
-        SystemClock,
-    ));
+    let gate = Arc::new(
+        Gate::new(limiter.clone(), deny_cache.clone(), fallback, SystemClock).with_key_budget(
+            config
+                .new_keys_per_client
+                .map(|b| Arc::new(crate::key_budget::KeyBudget::new(b))),
+        ),
+    );
     // One single-threaded service per worker thread, each on its own `SO_REUSEPORT` socket
     // (`bind`) with its own upstream pool: a connection, the upstream connection it borrows and
     // that connection's idle watch stay on one thread. With one service of N threads, Pingora
@@ -420,6 +435,12 @@ fn serve<L: Limiter>(config: &Config, parts: Parts, limiter: Arc<L>) -> Result<(
     server.add_service(PreBound::new(admin, 0, admin_group));
     server.add_service(watcher);
     server.add_service(health);
+    if let Some(redis) = redis {
+        server.add_service(background_service(
+            "redis eviction check",
+            EvictionCheck(redis),
+        ));
+    }
     server.run(RunArgs {
         shutdown_signal: Box::new(drain),
     });

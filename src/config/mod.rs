@@ -44,6 +44,9 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// The in-memory store's bounds (used when `redis` is `None`).
     pub memory: MemorySettings,
+    /// What one client address may make the store hold through keys it chooses (`key_budget`);
+    /// `None`: unbounded (`off`, the default).
+    pub new_keys_per_client: Option<NewKeyBudget>,
     /// How `client_ip` is found behind load balancers.
     pub client: ClientIdentity,
     /// What an escaped `/` or `\` in a request path gets.
@@ -106,6 +109,38 @@ impl Default for Downstream {
 pub struct MemorySettings {
     /// Buckets tracked at most; see `limiter::memory` for what happens at the cap.
     pub max_keys: usize,
+}
+
+/// `new_keys_per_client: "<count>/<unit>"`: at most `count` keys a client has not used within
+/// the last `window_us` per `window_us` (see `key_budget`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewKeyBudget {
+    pub count: u64,
+    pub window_us: u64,
+}
+
+impl NewKeyBudget {
+    /// Parses `"<count>/<s|m|h|d>"`, a whole count of 1 to 1000000.
+    pub fn parse(text: &str) -> Result<NewKeyBudget, String> {
+        let bad = || {
+            format!(
+                "must be \"off\" or \"<count>/<s|m|h|d>\" with a whole count of 1 to 1000000, got {text:?}"
+            )
+        };
+        let (count, unit) = text.split_once('/').ok_or_else(bad)?;
+        let count: u64 = count.trim().parse().map_err(|_| bad())?;
+        let window_us = match unit.trim() {
+            "s" => 1_000_000,
+            "m" => 60_000_000,
+            "h" => 3_600_000_000,
+            "d" => 86_400_000_000,
+            _ => return Err(bad()),
+        };
+        if !(1..=1_000_000).contains(&count) {
+            return Err(bad());
+        }
+        Ok(NewKeyBudget { count, window_us })
+    }
 }
 
 /// Default for `memory.max_keys`: about 100 MB of buckets.
@@ -473,6 +508,22 @@ pub enum KeySource {
     FirstOf(Vec<KeySource>),
     /// One bucket shared by every client of the route.
     Route,
+}
+
+impl KeySource {
+    /// Whether the client chooses the value freely, so that it can invent new keys at will
+    /// (bounded by `new_keys_per_client`).
+    pub fn client_chosen(&self) -> bool {
+        match self {
+            KeySource::Header(_)
+            | KeySource::Query(_)
+            | KeySource::Path
+            | KeySource::Method
+            | KeySource::Bearer => true,
+            KeySource::FirstOf(alternatives) => alternatives.iter().any(KeySource::client_chosen),
+            KeySource::ClientIp | KeySource::Route => false,
+        }
+    }
 }
 
 impl KeySource {

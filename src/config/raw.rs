@@ -14,6 +14,7 @@ pub(super) struct RawConfig {
     pub on_redis_error: Option<String>,
     pub shutdown_grace_seconds: Option<u64>,
     pub memory: Option<RawMemory>,
+    pub new_keys_per_client: Option<String>,
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
     pub client_ipv6_prefix: Option<u8>,

@@ -29,7 +29,7 @@
 //! when a shard is full of live denials, a new one is simply not remembered.
 
 use crate::limiter::bucket::{denied_until, peek, State};
-use crate::limiter::{BucketParams, Decision};
+use crate::limiter::{BucketParams, Decision, LimiterError};
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -53,7 +53,7 @@ struct Slot {
     denial: Arc<Denial>,
     /// Once expired, in the first key's slot: the request asking Redis again, which the others
     /// wait for.
-    refresh: Option<watch::Receiver<bool>>,
+    refresh: Option<watch::Receiver<Failed>>,
 }
 
 type Shard = HashMap<String, Slot>;
@@ -74,20 +74,23 @@ pub enum Consult {
     /// Ask the store. With a `Refresh`, this request asks for everyone waiting on an expired
     /// denial: keep it until the answer is noted (or report the failure on it).
     Ask(Option<Refresh>),
-    /// The request that asked for everyone found the store failing, or did not hear back within
-    /// the store's budget.
-    StoreFailed,
+    /// The request that asked for everyone found the store failing (with this error, for its
+    /// cause to be counted), or did not hear back within the store's budget (a timeout).
+    StoreFailed(LimiterError),
 }
 
 /// Held by the one request refreshing an expired denial; dropping it wakes the waiting ones.
 pub struct Refresh {
-    done: watch::Sender<bool>,
+    done: watch::Sender<Failed>,
 }
+
+/// What the waiting requests are told: `Some` once the refreshing request's call failed.
+type Failed = Option<LimiterError>;
 
 impl Refresh {
     /// The store failed: the waiting requests fail too, without a call of their own.
-    pub fn failed(self) {
-        self.done.send_replace(true);
+    pub fn failed(self, error: LimiterError) {
+        self.done.send_replace(Some(error));
     }
 }
 
@@ -95,7 +98,7 @@ enum Lookup {
     Denied(Decision),
     Miss,
     Lead(Refresh),
-    Wait(watch::Receiver<bool>),
+    Wait(watch::Receiver<Failed>),
 }
 
 impl DenyCache {
@@ -140,9 +143,12 @@ impl DenyCache {
             // the time this one looks again, when the next token was due within microseconds:
             // then this one waits for the next refresh rather than asking Redis with everyone.
             match tokio::time::timeout_at(deadline, done.changed()).await {
-                Err(_) => return Consult::StoreFailed,
-                Ok(_) if *done.borrow() => return Consult::StoreFailed,
-                Ok(_) => {}
+                Err(_) => return Consult::StoreFailed(LimiterError::Timeout(self.wait_budget)),
+                Ok(_) => {
+                    if let Some(e) = done.borrow().clone() {
+                        return Consult::StoreFailed(e);
+                    }
+                }
             }
         }
     }
@@ -178,7 +184,7 @@ impl DenyCache {
                 return Lookup::Wait(done.clone());
             }
         }
-        let (tx, rx) = watch::channel(false);
+        let (tx, rx) = watch::channel(None);
         slot.refresh = Some(rx);
         Lookup::Lead(Refresh { done: tx })
     }

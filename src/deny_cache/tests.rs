@@ -214,8 +214,8 @@ async fn a_failed_refresh_fails_the_waiting_requests_and_a_dropped_one_passes_th
     let refresh = expired(&cache, &keys).await;
     let waiting = spawn_waiter();
     tokio::task::yield_now().await;
-    refresh.failed();
-    assert!(matches!(waiting.await.unwrap(), Consult::StoreFailed));
+    refresh.failed(crate::limiter::LimiterError::Unavailable);
+    assert!(matches!(waiting.await.unwrap(), Consult::StoreFailed(_)));
 
     // Cancelled without an answer: the next request in line asks instead.
     let refresh = expired(&cache, &keys).await;
@@ -247,9 +247,9 @@ async fn a_refreshed_answer_that_already_ran_out_hands_the_turn_to_one_waiter() 
         panic!("the one that asks again holds the refresh");
     };
     let started = std::time::Instant::now();
-    refresh.failed();
+    refresh.failed(crate::limiter::LimiterError::Unavailable);
     for w in waiting {
-        assert!(matches!(w.await.unwrap(), Consult::StoreFailed));
+        assert!(matches!(w.await.unwrap(), Consult::StoreFailed(_)));
     }
     assert!(
         started.elapsed() < BUDGET,
@@ -265,7 +265,7 @@ async fn a_wait_never_outlasts_the_store_budget() {
     let started = std::time::Instant::now();
     assert!(matches!(
         cache.consult(&keys, &[P], || 5_000).await,
-        Consult::StoreFailed
+        Consult::StoreFailed(_)
     ));
     assert!(started.elapsed() < BUDGET * 4, "{:?}", started.elapsed());
 }

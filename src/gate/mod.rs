@@ -12,6 +12,7 @@ use crate::config::FailMode;
 use crate::deny_cache::{Consult, DenyCache};
 use crate::draw::{draws, Draw, Draws, RequestFacts};
 use crate::held::{Held, LeaseIds};
+use crate::key_budget::KeyBudget;
 use crate::limiter::memory::MemoryLimiter;
 use crate::limiter::{Decision, Limiter, LimiterError};
 use crate::metrics::Outcome;
@@ -29,6 +30,8 @@ pub struct Gate<L, C> {
     /// Decides for `on_redis_error: local` routes while the store fails.
     fallback: MemoryLimiter<C>,
     clock: C,
+    /// `new_keys_per_client`, when set.
+    key_budget: Option<Arc<KeyBudget>>,
 }
 
 /// A request as the gate needs it: canonical (`canonical`), its client found (`client`).
@@ -81,7 +84,14 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
             deny_cache,
             fallback,
             clock,
+            key_budget: None,
         }
+    }
+
+    /// Bounds the keys each client address creates through parts it chooses (`key_budget`).
+    pub fn with_key_budget(mut self, budget: Option<Arc<KeyBudget>>) -> Self {
+        self.key_budget = budget;
+        self
     }
 
     /// Decides `request` on `route`. An admitted request may hold concurrency leases: they are
@@ -93,7 +103,7 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
         }
         // Formatted only for routes whose keys read it.
         let client_ip = match request.client {
-            Some(ip) if route.keys_on_client_ip() => {
+            Some(ip) if route.keys_on_client_ip() || self.key_budget.is_some() => {
                 let mut text = Vec::with_capacity(39);
                 crate::text::ip(&mut text, ip);
                 // ASCII digits, dots, colons and hex letters only.
@@ -108,6 +118,7 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
             query: request.query,
             headers: request.headers,
             reserved: request.reserved,
+            key_budget: self.key_budget.as_deref(),
         };
         let (mut enforced, mut shadow) = match draws(route, &facts) {
             Draws::Buckets { enforced, shadow } => (enforced, shadow),
@@ -192,16 +203,14 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
                 route.counters.deny_cache_hit();
                 return Decided::Reject(Outcome::Rejected, d);
             }
-            Consult::StoreFailed => {
-                return self.verdict(route, draw, Err(LimiterError::Unavailable))
-            }
+            Consult::StoreFailed(e) => return self.verdict(route, draw, Err(e)),
             Consult::Ask(refresh) => refresh,
         };
         let result = self.limiter.check(&draw.buckets()).await;
         self.forget_leases(draw, &result);
         match (&result, refresh) {
             (Ok(d), refresh) => cache.note(&draw.keys, &draw.params, d, now(), refresh),
-            (Err(_), Some(refresh)) => refresh.failed(),
+            (Err(e), Some(refresh)) => refresh.failed(e.clone()),
             (Err(_), None) => {}
         }
         self.verdict(route, draw, result)
@@ -221,6 +230,7 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
                 // Per-request detail stays at debug: an outage would otherwise flood the log, and
                 // the error counter and the breaker's warning already say it is happening.
                 log::debug!("route {}: rate-limit store failed: {e}", route.name);
+                route.counters.store_failed(e.cause());
                 match route.on_redis_error {
                     FailMode::Open => Decided::Pass(Outcome::FailOpen, None),
                     FailMode::Closed => Decided::Unavailable,

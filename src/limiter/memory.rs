@@ -8,29 +8,39 @@
 //! clients rarely meet.
 //!
 //! Memory is bounded. A bucket that is full again is the same as no bucket, so it is forgotten
-//! (swept every few thousand inserts into its shard, as Redis expires the key). When a shard still
-//! reaches its share of `max_keys`, it first sweeps, then drops the bucket that would be full
-//! soonest among a small sample (Redis's `volatile-ttl` policy): that client gets back at most the
-//! few tokens its bucket was missing, and no new client is ever refused or let through unlimited.
+//! (swept every few thousand inserts into its shard, as Redis expires the key). Nothing else is
+//! ever dropped: a bucket that is not whole again, a quota whose period has not ended, a live
+//! lease. Dropping one would hand its client the budget it spent, and a flood of fresh keys (a
+//! header the client chooses) could then reset anybody's limits. So when a shard is at its share
+//! of `max_keys` and nothing in it is full again, the store is full: a decision that would add a
+//! bucket fails with `StoreFull` and follows the route's `on_redis_error`, as a Redis out of
+//! memory does. Keys it already holds are decided as ever, and a decision that refuses needs no
+//! room. While full, a shard remembers the earliest instant one of its buckets is whole again and
+//! does not sweep before it, so a flood against a full store costs no scan per request.
 
 use super::bucket::{charge, evaluate, State};
 use super::{Bucket, BucketParams, Decision, Inspected, Kind, Limiter, LimiterError};
 use crate::clock::Clock;
-use std::collections::hash_map::{DefaultHasher, Entry};
+use crate::throttle::Throttle;
+use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 const SHARDS: usize = 64;
 /// Inserts into a shard between two sweeps of its full buckets.
 const SWEEP_EVERY: usize = 4096;
-/// Buckets looked at to choose one to drop at the cap.
-const EVICTION_SAMPLE: usize = 16;
+/// A full store's warning: at most one line per this interval.
+const FULL_WARNING_EVERY: Duration = Duration::from_secs(10);
 
 pub struct MemoryLimiter<C> {
     clock: C,
     shards: Vec<Mutex<Shard>>,
     shard_cap: usize,
+    max_keys: usize,
+    /// "The store is full": one line per 10 s, with the count since the last.
+    full: Throttle,
 }
 
 #[derive(Default)]
@@ -39,6 +49,9 @@ struct Shard {
     /// Concurrency limits' leases by key: (lease id, the microsecond it expires at).
     leases: HashMap<String, Vec<(u64, u64)>>,
     inserts: usize,
+    /// No bucket of this shard is full again before this instant (a lower bound, from the last
+    /// sweep and every write since): a sweep before it would free nothing.
+    next_full: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -52,6 +65,12 @@ impl Shard {
     /// Forgets every bucket that is full again at `now`, and every expired lease.
     fn sweep(&mut self, now: u64) {
         self.buckets.retain(|_, s| s.full_at > now);
+        self.next_full = self
+            .buckets
+            .values()
+            .map(|s| s.full_at)
+            .min()
+            .unwrap_or(u64::MAX);
         self.leases.retain(|_, held| {
             held.retain(|&(_, expires)| expires > now);
             !held.is_empty()
@@ -68,23 +87,25 @@ impl Shard {
         held.len() as u64
     }
 
-    /// Makes room for one more bucket under `cap`.
-    fn make_room(&mut self, now: u64, cap: usize) {
-        self.inserts += 1;
-        if self.inserts >= SWEEP_EVERY || self.buckets.len() >= cap {
+    /// Makes room for `n` more buckets under `cap` by forgetting the ones full again; `false`
+    /// when there is none (nothing else may go: see the module's header).
+    fn make_room(&mut self, now: u64, cap: usize, n: usize) -> bool {
+        self.inserts += n;
+        let full = self.buckets.len() + n > cap;
+        if self.inserts >= SWEEP_EVERY || (full && now >= self.next_full) {
             self.sweep(now);
         }
-        while self.buckets.len() >= cap {
-            let victim = self
-                .buckets
-                .iter()
-                .take(EVICTION_SAMPLE)
-                .min_by_key(|(_, s)| s.full_at)
-                .map(|(k, _)| k.clone());
-            match victim {
-                Some(k) => self.buckets.remove(&k),
-                None => break,
-            };
+        self.buckets.len() + n <= cap
+    }
+
+    /// Stores `bucket` at `key`.
+    fn put(&mut self, key: &str, bucket: Stored) {
+        self.next_full = self.next_full.min(bucket.full_at);
+        match self.buckets.get_mut(key) {
+            Some(s) => *s = bucket,
+            None => {
+                self.buckets.insert(key.to_string(), bucket);
+            }
         }
     }
 }
@@ -96,6 +117,8 @@ impl<C: Clock> MemoryLimiter<C> {
             clock,
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             shard_cap: (max_keys / SHARDS).max(1),
+            max_keys,
+            full: Throttle::new(FULL_WARNING_EVERY),
         }
     }
 
@@ -180,27 +203,47 @@ impl<C: Clock> MemoryLimiter<C> {
             })
             .collect();
         let (decision, write) = step(now, &params, &mut states);
-        if write {
-            for ((b, p), state) in buckets.iter().zip(&params).zip(states) {
-                if let Kind::Leases { ms, id } = p.kind {
-                    let held = shard.leases.entry(b.key.to_string()).or_default();
-                    held.push((id, now + ms * 1000));
-                    continue;
-                }
-                let Some(state) = state else { continue };
-                let stored = Stored {
-                    state,
-                    full_at: state.full_at(p),
-                };
-                if let Entry::Occupied(mut e) = shard.buckets.entry(b.key.to_string()) {
-                    e.insert(stored);
-                    continue;
-                }
-                shard.make_room(now, self.shard_cap);
-                shard.buckets.insert(b.key.to_string(), stored);
+        if !write {
+            return Ok(decision);
+        }
+        let new = buckets
+            .iter()
+            .zip(&states)
+            .filter(|(b, s)| {
+                s.is_some() && !b.params.is_lease() && !shard.buckets.contains_key(b.key)
+            })
+            .count();
+        if new > 0 && !shard.make_room(now, self.shard_cap, new) {
+            drop(shard);
+            return Err(self.store_full());
+        }
+        for ((b, p), state) in buckets.iter().zip(&params).zip(states) {
+            if let Kind::Leases { ms, id } = p.kind {
+                let held = shard.leases.entry(b.key.to_string()).or_default();
+                held.push((id, now + ms * 1000));
+                continue;
             }
+            let Some(state) = state else { continue };
+            let full_at = state.full_at(p);
+            shard.put(b.key, Stored { state, full_at });
         }
         Ok(decision)
+    }
+
+    /// A decision that needed room the store does not have; the operator hears of it.
+    fn store_full(&self) -> LimiterError {
+        if let Some(more) = self.full.note("full", Instant::now()) {
+            log::warn!(
+                "the in-memory store is full (memory.max_keys = {}) with buckets that are not whole \
+                 again: decisions that need a new bucket follow on_redis_error until some refill{}",
+                self.max_keys,
+                match more {
+                    0 => String::new(),
+                    n => format!(" ({n} more in the last 10 s)"),
+                }
+            );
+        }
+        LimiterError::StoreFull
     }
 
     /// `Limiter::renew`, synchronously: each lease still held expires `lease_ms` from now.
@@ -336,20 +379,42 @@ mod tests {
     fn full_buckets_are_forgotten_and_the_cap_holds() {
         let clock = Arc::new(ManualClock::new(1_000_000));
         let m = MemoryLimiter::new(clock.clone(), 64 * 10);
+        let mut full = 0;
         for i in 0..1_000 {
-            hit(&m, &format!("{{c{i}}}:l"));
+            let key = format!("{{c{i}}}:l");
+            match m.decide(&[Bucket {
+                key: &key,
+                params: P,
+            }]) {
+                Ok(_) => {}
+                Err(LimiterError::StoreFull) => full += 1,
+                Err(e) => panic!("{e}"),
+            }
         }
         assert!(m.len() <= 640, "{} buckets tracked", m.len());
+        assert_eq!(m.len() + full, 1_000, "every key stored or refused");
         // 2 s later every bucket is full again: the next inserts sweep them away.
         clock.advance_us(2_000_000);
+        let mut stored = 0;
         for i in 0..64 * 10 {
-            hit(&m, &format!("{{d{i}}}:l"));
+            let key = format!("{{d{i}}}:l");
+            stored += usize::from(
+                m.decide(&[Bucket {
+                    key: &key,
+                    params: P,
+                }])
+                .is_ok(),
+            );
         }
         assert!(m.len() <= 640);
+        // Every old bucket went: the new ones are all that is left (a shard that drew more than
+        // its 10 of them was full for the rest).
+        assert_eq!(m.len(), stored);
+        assert!(stored > 400, "{stored}");
     }
 
     #[test]
-    fn at_the_cap_the_bucket_closest_to_full_goes_first() {
+    fn at_the_cap_only_full_buckets_go_and_then_the_store_is_full() {
         let stored = |full_at| Stored {
             state: State {
                 v: 0,
@@ -359,17 +424,53 @@ mod tests {
             full_at,
         };
         let mut shard = Shard::default();
-        shard.buckets.insert("soon".into(), stored(20));
-        shard.buckets.insert("late".into(), stored(90));
-        shard.buckets.insert("done".into(), stored(5));
+        shard.put("soon", stored(20));
+        shard.put("late", stored(90));
+        shard.put("done", stored(5));
         // At t=10 "done" is full already: the sweep alone makes room for one more.
-        shard.make_room(10, 3);
+        assert!(shard.make_room(10, 3, 1));
         assert_eq!(shard.buckets.len(), 2);
         assert!(!shard.buckets.contains_key("done"));
-        // Nothing is full at t=10 any more: the bucket full soonest is dropped.
-        shard.make_room(10, 2);
-        let left: Vec<_> = shard.buckets.keys().cloned().collect();
-        assert_eq!(left, ["late"]);
+        // Nothing else is whole again at t=10: no room, and nothing was dropped.
+        assert!(!shard.make_room(10, 2, 1));
+        assert_eq!(shard.buckets.len(), 2);
+        // Until t=20 a full shard does not even look (no scan per request of a flood)...
+        shard.buckets.get_mut("late").unwrap().full_at = 15;
+        assert!(!shard.make_room(16, 2, 1));
+        // ...and from then on it finds what refilled.
+        assert!(shard.make_room(20, 2, 1));
+        assert!(shard.buckets.is_empty());
+    }
+
+    #[test]
+    fn a_flood_of_new_keys_never_gives_a_spent_key_its_budget_back() {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        // One shard's worth: every key below lands in a shard of 2.
+        let m = MemoryLimiter::new(clock.clone(), 64 * 2);
+        let spend = |key: &str| {
+            assert!(hit(&m, key).allowed);
+            assert!(hit(&m, key).allowed);
+            assert!(!hit(&m, key).allowed);
+        };
+        spend("{victim}:l");
+        let mut refused = 0;
+        for i in 0..10_000 {
+            match m.decide(&[Bucket {
+                key: &format!("{{junk{i}}}:l"),
+                params: P,
+            }]) {
+                Ok(d) => assert!(d.allowed),
+                Err(LimiterError::StoreFull) => refused += 1,
+                Err(e) => panic!("{e}"),
+            }
+            clock.advance_us(1);
+        }
+        assert!(refused > 9_000, "{refused}");
+        assert!(!hit(&m, "{victim}:l").allowed, "the victim stays spent");
+        assert!(m.len() <= 128);
+        // Once the buckets are whole again (2 tokens at 1/s: 2 s), new keys are taken again.
+        clock.advance_us(2_000_000);
+        assert!(hit(&m, "{new}:l").allowed);
     }
 
     #[test]

@@ -5,11 +5,12 @@
 
 pub mod breaker;
 pub mod bucket;
+pub mod late;
 pub mod memory;
 pub mod redis;
 
 pub use crate::calendar::Period;
-pub use crate::metrics::ErrorKind;
+pub use crate::metrics::{Cause, ErrorKind};
 use std::future::Future;
 use std::time::Duration;
 
@@ -205,6 +206,11 @@ impl Decision {
 pub enum LimiterError {
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    /// The budget ran out, but the proxy's own lateness (its runtime not running the call's
+    /// task when it was due: a starved or overloaded process) took most of it: not Redis's
+    /// fault, so the breaker does not count it (`limiter::late`).
+    #[error("no answer within {budget:?}, {late:?} of it lost to the proxy's own lateness")]
+    Late { budget: Duration, late: Duration },
     #[error("connection: {0}")]
     Connection(String),
     #[error("script: {0}")]
@@ -212,6 +218,10 @@ pub enum LimiterError {
     /// Redis is at `maxmemory` with no eviction: it refuses the writes a decision needs.
     #[error("out of memory: {0}")]
     OutOfMemory(String),
+    /// The in-memory store holds `max_keys` buckets, none of them whole again: it has no room
+    /// for a new one and drops none that a client has spent (`memory`).
+    #[error("the in-memory store is full (memory.max_keys)")]
+    StoreFull,
     #[error("{0}")]
     Other(String),
     /// Not called: the circuit breaker knows the store is down.
@@ -224,11 +234,28 @@ impl LimiterError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             LimiterError::Timeout(_) => ErrorKind::Timeout,
+            LimiterError::Late { .. } => ErrorKind::ProxyLate,
             LimiterError::Connection(_) => ErrorKind::Connection,
             LimiterError::Script(_) => ErrorKind::Script,
             LimiterError::OutOfMemory(_) => ErrorKind::Oom,
+            LimiterError::StoreFull => ErrorKind::StoreFull,
             LimiterError::Other(_) => ErrorKind::Other,
             LimiterError::Unavailable => ErrorKind::Unavailable,
+        }
+    }
+
+    /// Why a decision the store did not make followed `on_redis_error`: the `cause` label of
+    /// `ratelimit_store_failures_total`.
+    pub fn cause(&self) -> Cause {
+        match self {
+            LimiterError::Timeout(_) => Cause::Timeout,
+            LimiterError::Late { .. } => Cause::ProxyLate,
+            LimiterError::Connection(_) => Cause::Connection,
+            LimiterError::Unavailable => Cause::BreakerOpen,
+            LimiterError::OutOfMemory(_) => Cause::Oom,
+            LimiterError::StoreFull => Cause::StoreFull,
+            LimiterError::Script(_) => Cause::Script,
+            LimiterError::Other(_) => Cause::Other,
         }
     }
 

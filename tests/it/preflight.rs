@@ -75,11 +75,49 @@ fn every_check_passes_against_a_good_redis() {
     let (code, text) = preflight(&redis.url(), None, "redis");
     assert_eq!(code, 0, "{text}");
     let lines = redis_lines(&text);
-    assert_eq!(lines.len(), 7, "{text}");
+    assert_eq!(lines.len(), 8, "{text}");
     assert!(lines.iter().all(|l| l.ends_with(": ok")), "{text}");
     assert!(lines[3].contains("written as packed"), "{text}");
     assert!(lines[5].contains("peek.lua"), "{text}");
     assert!(lines[6].contains("TIME"), "{text}");
+    assert_eq!(
+        lines[7], "redis maxmemory-policy (noeviction): ok",
+        "{text}"
+    );
+}
+
+/// A Redis that may evict the proxy's keys passes the check with one warning line naming the
+/// policies to use; the two that never hand a spent budget back pass quietly.
+#[test]
+fn an_evicting_maxmemory_policy_is_warned_about_and_the_safe_ones_are_not() {
+    for (policy, warned) in [
+        ("allkeys-lru", true),
+        ("allkeys-lfu", true),
+        ("allkeys-random", true),
+        ("volatile-lru", true),
+        ("volatile-ttl", false),
+        ("noeviction", false),
+    ] {
+        let redis = RedisServer::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", policy]);
+        let (code, text) = preflight(&redis.url(), None, "redis");
+        assert_eq!(code, 0, "a warning does not fail the check: {text}");
+        let lines = redis_lines(&text);
+        let line = lines.last().unwrap();
+        let head = format!("redis maxmemory-policy ({policy}): ");
+        assert!(line.starts_with(&head), "{text}");
+        if warned {
+            assert!(line.contains("WARNING"), "{line}");
+            assert!(line.contains("at maxmemory (67108864 bytes)"), "{line}");
+            assert!(
+                line.contains("set maxmemory-policy volatile-ttl")
+                    && line.contains("or noeviction"),
+                "{line}"
+            );
+            assert_eq!(text.matches("WARNING").count(), 1, "one line: {text}");
+        } else {
+            assert!(line.ends_with(": ok"), "{line}");
+        }
+    }
 }
 
 /// packed_ttl's second write is its own: it keeps the key's expiry, overwriting the value in place.

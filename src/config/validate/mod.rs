@@ -162,6 +162,16 @@ impl Validator<'_> {
                 format!("must be between 1000 and 1000000000, got {max_keys}"),
             );
         }
+        let new_keys_per_client = match raw.new_keys_per_client.as_deref() {
+            None | Some("off") => None,
+            Some(text) => match NewKeyBudget::parse(text) {
+                Ok(budget) => Some(budget),
+                Err(msg) => {
+                    self.problem(None, vec![key("new_keys_per_client")], msg);
+                    None
+                }
+            },
+        };
         let trusted_proxies = raw
             .trusted_proxies
             .iter()
@@ -221,6 +231,7 @@ impl Validator<'_> {
             memory: MemorySettings {
                 max_keys: max_keys as usize,
             },
+            new_keys_per_client,
             client: ClientIdentity {
                 trusted_proxies,
                 ipv6_prefix,

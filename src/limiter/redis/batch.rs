@@ -14,11 +14,12 @@
 //! out of the next call, so it takes no tokens.
 
 use super::Caller;
+use crate::limiter::late::{self, classify};
 use crate::limiter::{Bucket, BucketParams, LimiterError};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 /// At most this many requests per call. The script runs alone on the Redis server, so one call
@@ -49,6 +50,11 @@ impl Job {
             deadline,
             answer,
         }
+    }
+
+    /// When the request asked (its deadline less the budget).
+    fn asked(&self, budget: std::time::Duration) -> Instant {
+        self.deadline.checked_sub(budget).unwrap_or(self.deadline)
     }
 
     fn answer(&mut self, result: Result<Answer, LimiterError>) {
@@ -163,14 +169,23 @@ impl Batches {
     }
 }
 
-/// Sends what has queued as one call, waits for its reply, answers each request; again.
+/// Sends what has queued as one call, waits for its reply, answers each request; again. A request
+/// whose budget runs out is told whether the proxy's own lateness explains it (`late`).
 async fn drive(caller: Arc<Caller>, mut queue: mpsc::UnboundedReceiver<Job>) {
     let mut jobs: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     // One timer for every call. Moving its deadline later (as a busy thread's calls do) only
     // updates it in place; a timer per call would enter and leave the runtime's timer wheel.
     let expiry = tokio::time::sleep_until(tokio::time::Instant::now());
     tokio::pin!(expiry);
-    while queue.recv_many(&mut jobs, MAX_BATCH).await > 0 {
+    let budget = caller.timeout;
+    let tick = late::tick(budget);
+    let mut lateness = late::Log::default();
+    loop {
+        let idle_since = Instant::now();
+        if queue.recv_many(&mut jobs, MAX_BATCH).await == 0 {
+            break;
+        }
+        let woke = Instant::now();
         // The first decision woke this driver; the thread's other ready tasks (requests read in
         // the same poll) are about to ask too. Letting them run first puts them in this call
         // rather than the next, one round trip later. The runtime resumes this task at its next
@@ -182,23 +197,57 @@ async fn drive(caller: Arc<Caller>, mut queue: mpsc::UnboundedReceiver<Job>) {
                 Err(_) => break,
             }
         }
-        // Out of time while they queued (or gone): answered now, they take nothing.
+        // The wait for this thread to run the driver again: the proxy's own lateness.
         let now = Instant::now();
+        lateness.note(now, late::past(now, woke));
+        // Out of time while they queued (or gone): answered now, they take nothing. A request
+        // that asked while the driver was idle also waited for the driver to wake.
         jobs.retain_mut(|j| {
             if j.deadline <= now {
-                j.answer(Err(LimiterError::Timeout(caller.timeout)));
+                let asked = j.asked(budget);
+                let waking = if asked >= idle_since {
+                    late::past(woke, asked)
+                } else {
+                    Duration::ZERO
+                };
+                let late = lateness.since(asked) + waking;
+                j.answer(Err(classify(budget, now - asked, late)));
             }
             j.waited_for()
         });
         let Some(deadline) = jobs.iter().map(|j| j.deadline).min() else {
             continue;
         };
-        expiry.as_mut().reset(deadline.into());
-        let result = tokio::select! {
-            biased;
-            result = caller.call(&jobs) => result,
-            () = &mut expiry => Err(LimiterError::Timeout(caller.timeout)),
+        // Until the deadline, with a look at the clock every `tick` (a call that answers sooner
+        // never sees one): a look that comes late, or a reply read after a look that never ran,
+        // is the thread's lateness.
+        let mut due = Instant::now() + tick;
+        let mut call_late = Duration::ZERO;
+        expiry.as_mut().reset(deadline.min(due).into());
+        let result = {
+            let call = caller.call(&jobs);
+            tokio::pin!(call);
+            loop {
+                tokio::select! {
+                    biased;
+                    result = &mut call => {
+                        call_late += late::past(Instant::now(), due);
+                        break result;
+                    }
+                    () = &mut expiry => {
+                        let now = Instant::now();
+                        call_late += late::past(now, deadline.min(due));
+                        if now >= deadline {
+                            break Err(LimiterError::Timeout(budget));
+                        }
+                        due = now + tick;
+                        expiry.as_mut().reset(deadline.min(due).into());
+                    }
+                }
+            }
         };
+        let now = Instant::now();
+        lateness.note(now, call_late);
         match result {
             Ok(reply) => {
                 let reply: Arc<[i64]> = reply.into();
@@ -212,6 +261,13 @@ async fn drive(caller: Arc<Caller>, mut queue: mpsc::UnboundedReceiver<Job>) {
                         len,
                     }));
                     at += len;
+                }
+            }
+            Err(LimiterError::Timeout(_)) => {
+                for mut job in jobs.drain(..) {
+                    let asked = job.asked(budget);
+                    let late = lateness.since(asked);
+                    job.answer(Err(classify(budget, now - asked, late)));
                 }
             }
             Err(e) => {

@@ -18,6 +18,7 @@
 mod batch;
 mod charge;
 mod cluster;
+pub mod eviction;
 mod inspect;
 mod release;
 mod sentinel;
@@ -326,6 +327,22 @@ impl RedisLimiter {
         }
     }
 
+    /// Warns once when Redis's `maxmemory-policy` can evict the proxy's keys (`eviction`); says
+    /// at info level when it cannot be read (an ACL without `+info`, Redis not up yet).
+    pub async fn check_eviction(&self) {
+        let wait = self.timeout.max(Duration::from_secs(2));
+        match tokio::time::timeout(wait, eviction::read(self.caller.topology.as_ref())).await {
+            Ok(Ok((policy, maxmemory))) => match eviction::advice(&policy, maxmemory) {
+                Some(line) => log::warn!("{line}"),
+                None => {
+                    log::info!("Redis maxmemory-policy is {policy}: no spent budget is evicted")
+                }
+            },
+            Ok(Err(e)) => log::info!("redis maxmemory-policy not checked: {e}"),
+            Err(_) => log::info!("redis maxmemory-policy not checked: no answer within {wait:?}"),
+        }
+    }
+
     fn note(&self, transition: Transition) {
         let Some(state) = transition else { return };
         match state {
@@ -361,6 +378,16 @@ impl Limiter for RedisLimiter {
                 self.metrics.redis_error(e.kind());
                 let transition = if e.is_transient() {
                     self.breaker.failure(started, Instant::now())
+                } else if let LimiterError::Late { .. } = e {
+                    // Says nothing about Redis, either way: the breaker hears nothing of it.
+                    if let Some(more) = self.errors.note(e.kind().as_str(), Instant::now()) {
+                        log::warn!(
+                            "a decision ran out of time while the proxy itself ran late (a busy or \
+                             starved process), not counted against Redis: {e}{}",
+                            since(more, "10 s")
+                        );
+                    }
+                    None
                 } else {
                     if let Some(more) = self.errors.note(e.kind().as_str(), Instant::now()) {
                         log::warn!(

@@ -661,7 +661,7 @@ fn replay_cached(s: &Script, h: &History, fleet: bool) -> Result<(), TestCaseErr
                 continue;
             }
             Consult::Ask(refresh) => refresh,
-            Consult::StoreFailed => panic!("nothing fails here"),
+            Consult::StoreFailed(_) => panic!("nothing fails here"),
         };
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let mut tx = redis::pipe();

@@ -201,7 +201,7 @@ pub const LEASE_ACL: [&str; 6] = [
 
 /// Every command the proxy runs (its own and its scripts'), as ACL rules: a least-privilege user
 /// for the tests that need one.
-pub const PROXY_ACL: [&str; 14] = [
+pub const PROXY_ACL: [&str; 15] = [
     "+evalsha",
     "+script|load",
     "+ping",
@@ -216,4 +216,5 @@ pub const PROXY_ACL: [&str; 14] = [
     "+exists",
     "+del",
     "+pttl",
+    "+info",
 ];
