@@ -122,19 +122,7 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             host_from_authority(session.req_header_mut())?;
         }
         let req = session.req_header();
-        // HTTP/2 names the host in `:authority`, which Pingora keeps in the URI.
-        let pseudo = (req.version == http::Version::HTTP_2)
-            .then(|| req.uri.authority().map(|a| a.as_str().as_bytes()))
-            .flatten();
-        let canonical = canonical::request(
-            req.method.as_str(),
-            req.raw_path(),
-            req.version,
-            pseudo,
-            &req.headers,
-            plan.path_escaped_slashes,
-        );
-        let request = match canonical {
+        let request = match canonical_of(req, &plan) {
             Ok(request) => request,
             Err(why) => return self.refuse_malformed(session, why).await,
         };
@@ -458,6 +446,25 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
     }
 }
 
+/// The request head in canonical form (`canonical`), or why it has none.
+fn canonical_of<'a>(
+    req: &'a RequestHeader,
+    plan: &Plan,
+) -> std::result::Result<canonical::Request<'a>, Refused> {
+    // HTTP/2 names the host in `:authority`, which Pingora keeps in the URI.
+    let pseudo = (req.version == http::Version::HTTP_2)
+        .then(|| req.uri.authority().map(|a| a.as_str().as_bytes()))
+        .flatten();
+    canonical::request(
+        req.method.as_str(),
+        req.raw_path(),
+        req.version,
+        pseudo,
+        &req.headers,
+        plan.path_escaped_slashes,
+    )
+}
+
 /// The request as the gate needs it: canonical, its client found.
 fn asking<'a>(
     plan: &'a Plan,
@@ -592,20 +599,9 @@ impl<L: Limiter> RateLimitProxy<L> {
             .flatten();
         ctx.usage_asked = asked.is_some();
         let body = asked.map_or(body, Bytes::from);
-        let req = session.req_header();
-        let pseudo = (req.version == http::Version::HTTP_2)
-            .then(|| req.uri.authority().map(|a| a.as_str().as_bytes()))
-            .flatten();
         // The same head that was put in canonical form a moment ago.
-        let request = canonical::request(
-            req.method.as_str(),
-            req.raw_path(),
-            req.version,
-            pseudo,
-            &req.headers,
-            plan.path_escaped_slashes,
-        )
-        .map_err(|_| Error::explain(ErrorType::InternalError, "request no longer canonical"))?;
+        let request = canonical_of(session.req_header(), &plan)
+            .map_err(|_| Error::explain(ErrorType::InternalError, "request no longer canonical"))?;
         let asking = asking(&plan, session, &request, &reserved);
         let (verdict, held) = self.gate.admit(route, &asking).await;
         self.answer(session, ctx, verdict, held, Some(body)).await
