@@ -92,7 +92,18 @@ fn calls(target: &str, ca: Option<&Path>, specs: &[&str]) -> Vec<Outcome> {
     if let Some(ca) = ca {
         cmd.arg("--ca").arg(ca);
     }
-    let out = cmd.args(specs).output().expect("python3");
+    let mut child = cmd
+        .args(specs)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    // Each call has a 10 s deadline: a client still running after a minute is stuck, and the
+    // test says so rather than waiting for ever.
+    wait_for("the gRPC client to exit", Duration::from_secs(60), || {
+        child.try_wait().expect("the gRPC client").map(|_| ())
+    });
+    let out = child.wait_with_output().expect("python3");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),

@@ -13,6 +13,7 @@ streaming: three requests), Chat (bidirectional: three each way) and Usage (unar
 tokens it used, its request's number, in the trailer x-usage-total-tokens, as LLM gateways do).
 """
 import json
+import os
 import sys
 import threading
 import time
@@ -141,6 +142,11 @@ def client(args):
         out = call(channel, method, key)
         out.update({"method": method, "key": key})
         print(json.dumps(out), flush=True)
+    channel.close()
+    # grpcio's threads can deadlock the interpreter's exit now and then (the test then waits on a
+    # process that printed all it had to): everything is said, so leave at once.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
