@@ -6,7 +6,11 @@
 //! while the upstream answers, for a client that broke the protocol; the next request is read
 //! from them in its turn. While bytes are held, reads still watch the socket, so a client that
 //! closes is seen.
+//!
+//! A body's bytes must all arrive within `request_body_timeout` of the head (`body_clock`): past
+//! it, a read fails, and the proxy answers 408.
 
+use crate::body_clock::{self, ChunkedEnd};
 use crate::head::Body;
 use async_trait::async_trait;
 use bytes::{Buf, BytesMut};
@@ -14,11 +18,14 @@ use pingora::protocols::{
     GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, Ssl, Stream, UniqueID,
     UniqueIDType, ALPN,
 };
+use std::future::Future;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Sleep;
 
 /// More held bytes than this (a client pipelining megabytes behind one request) is an error.
 const MAX_HELD: usize = 1 << 20;
@@ -32,15 +39,25 @@ pub struct ClientConn {
     h2: bool,
     /// Read from the socket but not Pingora's yet: the next request's bytes.
     held: BytesMut,
+    /// How long a whole request body may take.
+    body_timeout: Duration,
+    /// While a body is being read: when it must have ended.
+    deadline: Option<Pin<Box<Sleep>>>,
+    /// A chunked body's end, found as it is read.
+    chunked: Option<ChunkedEnd>,
 }
 
 impl ClientConn {
-    pub fn new(inner: Stream) -> ClientConn {
+    /// `body_timeout`: how long each request body may take, whole.
+    pub fn new(inner: Stream, body_timeout: Duration) -> ClientConn {
         ClientConn {
             inner,
             allowance: None,
             h2: false,
             held: BytesMut::new(),
+            body_timeout,
+            deadline: None,
+            chunked: None,
         }
     }
 
@@ -48,6 +65,8 @@ impl ClientConn {
     /// again first.
     pub fn speak_h2(&mut self, read: BytesMut) {
         self.allowance = None;
+        self.deadline = None;
+        self.chunked = None;
         self.held = read;
         self.h2 = true;
     }
@@ -69,7 +88,34 @@ impl ClientConn {
             Body::Length(n) => Some(n),
             Body::Chunked | Body::Tunnel => None,
         };
+        self.chunked = (body == Body::Chunked).then(ChunkedEnd::default);
+        // A tunnel's bytes are the upstream's conversation, not a body: no deadline.
+        let timed = matches!(body, Body::Length(1..) | Body::Chunked);
+        self.deadline = timed.then(|| Box::pin(tokio::time::sleep(self.body_timeout)));
         self.held = rest;
+    }
+
+    /// A body read past the deadline fails; `Some` is that failure.
+    fn past_deadline(&mut self, cx: &mut Context<'_>) -> Option<std::io::Error> {
+        let deadline = self.deadline.as_mut()?;
+        deadline
+            .as_mut()
+            .poll(cx)
+            .is_ready()
+            .then(body_clock::expired)
+    }
+
+    /// `read` bytes of the body went to Pingora: the deadline ends with the body.
+    fn body_read(&mut self, read: &[u8]) {
+        let ended = match (&mut self.chunked, self.allowance) {
+            (Some(chunks), _) => chunks.feed(read),
+            (None, Some(left)) => left == 0,
+            (None, None) => false,
+        };
+        if ended {
+            self.deadline = None;
+            self.chunked = None;
+        }
     }
 }
 
@@ -80,10 +126,14 @@ impl AsyncRead for ClientConn {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
+        if let Some(expired) = this.past_deadline(cx) {
+            return Poll::Ready(Err(expired));
+        }
         let allowed = this
             .allowance
             .map_or(usize::MAX, |a| usize::try_from(a).unwrap_or(usize::MAX));
         if allowed > 0 {
+            let before = buf.filled().len();
             let n = if !this.held.is_empty() {
                 let n = this.held.len().min(buf.remaining()).min(allowed);
                 buf.put_slice(&this.held[..n]);
@@ -105,6 +155,9 @@ impl AsyncRead for ClientConn {
             };
             if let Some(a) = this.allowance.as_mut() {
                 *a -= n as u64;
+            }
+            if this.deadline.is_some() {
+                this.body_read(&buf.filled()[before..before + n]);
             }
             return Poll::Ready(Ok(()));
         }

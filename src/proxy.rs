@@ -307,6 +307,11 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             _ => match e.esource() {
                 ErrorSource::Upstream => 502,
                 ErrorSource::Downstream => match e.etype() {
+                    // A request body not whole by `downstream.request_body_timeout_ms`.
+                    ErrorType::ReadError if crate::body_clock::is_expired(e) => {
+                        self.metrics.connection_closed(Closed::RequestBodyTimeout);
+                        408
+                    }
                     // The client is gone: nobody to answer.
                     ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => {
                         self.metrics.connection_closed(Closed::ClientReset);
