@@ -11,6 +11,7 @@
 //! it, a read fails, and the proxy answers 408.
 
 use crate::body_clock::{self, ChunkedEnd};
+use crate::h2_watch::{Cut, H2Watch};
 use crate::head::Body;
 use async_trait::async_trait;
 use bytes::{Buf, BytesMut};
@@ -45,6 +46,8 @@ pub struct ClientConn {
     deadline: Option<Pin<Box<Sleep>>>,
     /// A chunked body's end, found as it is read.
     chunked: Option<ChunkedEnd>,
+    /// HTTP/2: each stream's request deadlines (`h2_watch`), and the timer of the next one.
+    h2_watch: Option<(H2Watch, Pin<Box<Sleep>>)>,
 }
 
 impl ClientConn {
@@ -58,17 +61,53 @@ impl ClientConn {
             body_timeout,
             deadline: None,
             chunked: None,
+            h2_watch: None,
         }
     }
 
     /// The connection is HTTP/2 from here on; `read` (its preface and what followed) is read
-    /// again first.
-    pub fn speak_h2(&mut self, read: BytesMut) {
+    /// again first. `watch` holds its streams' requests to their deadlines.
+    pub fn speak_h2(&mut self, read: BytesMut, watch: H2Watch) {
         self.allowance = None;
         self.deadline = None;
         self.chunked = None;
         self.held = read;
         self.h2 = true;
+        let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+        self.h2_watch = Some((watch, Box::pin(tokio::time::sleep_until(far))));
+    }
+
+    /// HTTP/2: cuts the requests past their deadlines (`h2_watch`); `Err` closes the
+    /// connection. Then sets the timer for the next deadline.
+    fn watch_streams(&mut self, cx: &mut Context<'_>) -> std::io::Result<()> {
+        let Some((watch, timer)) = self.h2_watch.as_mut() else {
+            return Ok(());
+        };
+        let now = tokio::time::Instant::now();
+        match watch.cut(now) {
+            None => {}
+            Some(Cut::Close) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "an HTTP/2 request past its deadline, stalled mid-frame",
+                ))
+            }
+            Some(Cut::Inject(frames)) => {
+                let mut injected = BytesMut::from(&frames[..]);
+                injected.extend_from_slice(&self.held);
+                self.held = injected;
+            }
+        }
+        if let Some(next) = watch.next_deadline() {
+            if timer.deadline() != next {
+                timer.as_mut().reset(next);
+            }
+            // Registers the wake-up; fired already, the next read cuts.
+            if timer.as_mut().poll(cx).is_ready() {
+                cx.waker().wake_by_ref();
+            }
+        }
+        Ok(())
     }
 
     /// Bytes already read for the next head (pipelined behind the last request).
@@ -129,6 +168,9 @@ impl AsyncRead for ClientConn {
         if let Some(expired) = this.past_deadline(cx) {
             return Poll::Ready(Err(expired));
         }
+        if this.h2_watch.is_some() {
+            return this.poll_read_h2(cx, buf);
+        }
         let allowed = this
             .allowance
             .map_or(usize::MAX, |a| usize::try_from(a).unwrap_or(usize::MAX));
@@ -182,13 +224,49 @@ impl AsyncRead for ClientConn {
     }
 }
 
+impl ClientConn {
+    /// A read of an HTTP/2 connection: frames injected to cut a stream first, then the client's
+    /// bytes, each seen by the watch.
+    fn poll_read_h2(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if let Err(e) = self.watch_streams(cx) {
+            return Poll::Ready(Err(e));
+        }
+        let before = buf.filled().len();
+        if !self.held.is_empty() {
+            let n = self.held.len().min(buf.remaining());
+            buf.put_slice(&self.held[..n]);
+            self.held.advance(n);
+        } else {
+            match Pin::new(&mut self.inner).poll_read(cx, buf) {
+                Poll::Ready(Ok(())) => {}
+                other => return other,
+            }
+        }
+        // Injected bytes are seen too: they are whole frames, and keep the count of frames
+        // aligned with what `h2` reads.
+        if let Some((watch, _)) = self.h2_watch.as_mut() {
+            watch.client_sent(&buf.filled()[before..], tokio::time::Instant::now());
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
 impl AsyncWrite for ClientConn {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let this = &mut *self;
+        let written = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let (Poll::Ready(Ok(n)), Some((watch, _))) = (&written, this.h2_watch.as_mut()) {
+            watch.server_sent(&buf[..*n]);
+        }
+        written
     }
 
     fn poll_write_vectored(
@@ -196,7 +274,20 @@ impl AsyncWrite for ClientConn {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let this = &mut *self;
+        let written = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        if let (Poll::Ready(Ok(n)), Some((watch, _))) = (&written, this.h2_watch.as_mut()) {
+            let mut left = *n;
+            for b in bufs {
+                let take = left.min(b.len());
+                watch.server_sent(&b[..take]);
+                left -= take;
+                if left == 0 {
+                    break;
+                }
+            }
+        }
+        written
     }
 
     fn is_write_vectored(&self) -> bool {

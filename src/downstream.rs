@@ -11,6 +11,7 @@
 use crate::canonical::Refused;
 use crate::client_conn::ClientConn;
 use crate::config::Downstream;
+use crate::h2_watch::H2Watch;
 use crate::handshake::Handshakes;
 use crate::head;
 use crate::inflight::{Admitted, InFlight};
@@ -299,7 +300,12 @@ where
         match self.read_preface(&mut conn, read, started, shutdown).await {
             Ok(read) => {
                 // Pingora's HTTP/2 server reads the preface again from what was read here.
-                conn.speak_h2(read);
+                let watch = H2Watch::new(
+                    self.limits.body_timeout,
+                    self.limits.request_body_timeout,
+                    self.metrics.clone(),
+                );
+                conn.speak_h2(read, watch);
                 ServerApp::process_new(app, conn, shutdown).await
             }
             Err(end) => {

@@ -41,6 +41,7 @@ pub mod draw;
 pub mod explain;
 pub mod gate;
 pub mod grpc;
+pub mod h2_watch;
 pub mod handshake;
 pub mod head;
 pub mod head_room;

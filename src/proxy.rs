@@ -312,6 +312,9 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
                         self.metrics.connection_closed(Closed::RequestBodyTimeout);
                         408
                     }
+                    // An HTTP/2 stream reset by this side: `h2_watch` cut it at a deadline (and
+                    // counted it), or `h2` found it malformed. Not the client's reset.
+                    ErrorType::ReadError if crate::h2_watch::reset_here(e) => 0,
                     // The client is gone: nobody to answer.
                     ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => {
                         self.metrics.connection_closed(Closed::ClientReset);

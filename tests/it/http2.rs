@@ -316,7 +316,7 @@ fn stalled_http2_uploads_cannot_take_every_descriptor() {
     // The attack has landed once every stream was forwarded or answered.
     let landed = Instant::now();
     let settled = (0..500).find_map(|_| {
-        let answered: u32 = attack.iter().map(|a| a.counts().1).sum();
+        let answered: u32 = attack.iter().map(|a| a.seen().headers).sum();
         let forwarded = upstream.connections().1;
         if u64::from(answered) + forwarded >= 400 {
             return Some(landed.elapsed());
@@ -324,7 +324,7 @@ fn stalled_http2_uploads_cannot_take_every_descriptor() {
         std::thread::sleep(Duration::from_millis(20));
         None
     });
-    let answered: u32 = attack.iter().map(|a| a.counts().1).sum();
+    let answered: u32 = attack.iter().map(|a| a.seen().headers).sum();
     let (_, held) = upstream.connections();
     let healthz = crate::support::http::send_raw(
         proxy.admin,
@@ -364,4 +364,83 @@ fn stalled_http2_uploads_cannot_take_every_descriptor() {
         proxy.report()
     );
     drop(attack);
+}
+
+/// An HTTP/2 upload that sends a byte every 300 ms, and a stream that opens a request and sends
+/// nothing more. Pingora's HTTP/2 server reads bodies with no timeout: both held their stream,
+/// their upstream connection and the connection (never idle while a stream is open) for ever.
+/// Each is reset at its deadline (1 s: the whole body, and a stream with no frame), counted,
+/// and the connection is then closed as idle.
+#[test]
+fn trickled_and_silent_http2_requests_are_reset_at_their_deadlines() {
+    use crate::support::h2raw::Stalled;
+    let upstream = Upstream::start();
+    let cases = [
+        (
+            "a byte every 300 ms",
+            "body_timeout_ms: 10000, request_body_timeout_ms: 1000",
+            "request_body_timeout",
+            true,
+        ),
+        (
+            "no frame at all",
+            "body_timeout_ms: 1000, request_body_timeout_ms: 60000",
+            "body_timeout",
+            false,
+        ),
+    ];
+    for (what, limits, reason, trickle) in cases {
+        let proxy = Proxy::start(&config(
+            &upstream,
+            &format!("downstream: {{ idle_timeout_ms: 500, {limits} }}\n"),
+        ));
+        let mut client = Stalled::open(proxy.addr, 1, 1_000_000, 10);
+        let began = Instant::now();
+        let mut reset = None;
+        // Bounded: the reset, or 10 s.
+        while began.elapsed() < Duration::from_secs(10) {
+            if trickle {
+                let _ = client.send_data(1, b"x");
+            }
+            let paced = Instant::now() + Duration::from_millis(300);
+            while Instant::now() < paced && reset.is_none() {
+                if client.seen().resets > 0 {
+                    reset = Some(began.elapsed());
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if reset.is_some() {
+                break;
+            }
+        }
+        let closed = crate::support::wait_for(
+            "the idle connection to close",
+            Duration::from_secs(10),
+            || client.seen().closed.then(|| began.elapsed()),
+        );
+        println!(
+            "HTTP/2 request, {what}: reset after {reset:?}, connection closed after {closed:?}"
+        );
+        let reset = reset.unwrap_or_else(|| panic!("{what}: no reset within 10 s"));
+        assert!(
+            reset >= Duration::from_millis(900) && reset < Duration::from_millis(2500),
+            "{what}: {reset:?}"
+        );
+        assert!(
+            closed < reset + Duration::from_secs(3),
+            "{what}: {closed:?}"
+        );
+        assert_eq!(
+            proxy.metric(&format!(
+                "ratelimit_connections_closed_total{{reason=\"{reason}\"}}"
+            )),
+            1.0,
+            "{what}"
+        );
+        assert_eq!(
+            proxy.metric("ratelimit_connections_closed_total{reason=\"client_reset\"}"),
+            0.0,
+            "{what}: the proxy's own reset is not the client's"
+        );
+    }
 }

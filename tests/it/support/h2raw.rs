@@ -254,11 +254,19 @@ fn huffman_coded_statuses_are_read() {
 /// An HTTP/2 client over h2c that opens `streams` POST requests, each with its head and the
 /// first `sent` bytes of a `length`-byte body, then sends nothing more (a stalled upload). The
 /// connection is returned open; what the server sends is read and dropped by a thread, so its
-/// writes never block, and counted: `(RST_STREAM frames, HEADERS frames)` so far.
+/// writes never block, and counted (`seen`).
 pub struct Stalled {
-    /// Held open: the stall is the point.
-    _stream: TcpStream,
-    counts: Arc<std::sync::Mutex<(u32, u32)>>,
+    stream: TcpStream,
+    seen: Arc<std::sync::Mutex<Seen>>,
+}
+
+/// What the server sent a `Stalled` client so far.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Seen {
+    pub resets: u32,
+    pub headers: u32,
+    /// The server closed the connection.
+    pub closed: bool,
 }
 
 impl Stalled {
@@ -279,7 +287,7 @@ impl Stalled {
             out.extend(frame(DATA, 0, id, &vec![b'x'; sent]));
         }
         s.write_all(&out).expect("write the streams");
-        let counts = Arc::new(std::sync::Mutex::new((0, 0)));
+        let counts = Arc::new(std::sync::Mutex::new(Seen::default()));
         let mut reader = s.try_clone().unwrap();
         let seen = counts.clone();
         std::thread::spawn(move || {
@@ -293,17 +301,26 @@ impl Stalled {
                 }
                 let mut c = seen.lock().unwrap();
                 match head[3] {
-                    RST_STREAM => c.0 += 1,
-                    HEADERS => c.1 += 1,
+                    RST_STREAM => c.resets += 1,
+                    HEADERS => c.headers += 1,
                     _ => {}
                 }
             }
+            seen.lock().unwrap().closed = true;
         });
-        Stalled { _stream: s, counts }
+        Stalled {
+            stream: s,
+            seen: counts,
+        }
     }
 
-    /// `(RST_STREAM frames, HEADERS frames)` the server sent so far.
-    pub fn counts(&self) -> (u32, u32) {
-        *self.counts.lock().unwrap()
+    /// Sends `bytes` more of stream `id`'s body (no END_STREAM).
+    pub fn send_data(&mut self, id: u32, bytes: &[u8]) -> std::io::Result<()> {
+        self.stream.write_all(&frame(DATA, 0, id, bytes))
+    }
+
+    /// What the server sent so far.
+    pub fn seen(&self) -> Seen {
+        *self.seen.lock().unwrap()
     }
 }
