@@ -41,7 +41,7 @@ pub struct ClientConn {
     /// Read from the socket but not Pingora's yet: the next request's bytes.
     held: BytesMut,
     /// How long a whole request body may take.
-    body_timeout: Duration,
+    request_body_timeout: Duration,
     /// While a body is being read: when it must have ended.
     deadline: Option<Pin<Box<Sleep>>>,
     /// A chunked body's end, found as it is read.
@@ -51,14 +51,14 @@ pub struct ClientConn {
 }
 
 impl ClientConn {
-    /// `body_timeout`: how long each request body may take, whole.
-    pub fn new(inner: Stream, body_timeout: Duration) -> ClientConn {
+    /// `request_body_timeout`: how long each request body may take, whole.
+    pub fn new(inner: Stream, request_body_timeout: Duration) -> ClientConn {
         ClientConn {
             inner,
             allowance: None,
             h2: false,
             held: BytesMut::new(),
-            body_timeout,
+            request_body_timeout,
             deadline: None,
             chunked: None,
             h2_watch: None,
@@ -130,7 +130,7 @@ impl ClientConn {
         self.chunked = (body == Body::Chunked).then(ChunkedEnd::default);
         // A tunnel's bytes are the upstream's conversation, not a body: no deadline.
         let timed = matches!(body, Body::Length(1..) | Body::Chunked);
-        self.deadline = timed.then(|| Box::pin(tokio::time::sleep(self.body_timeout)));
+        self.deadline = timed.then(|| Box::pin(tokio::time::sleep(self.request_body_timeout)));
         self.held = rest;
     }
 

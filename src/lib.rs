@@ -5,7 +5,8 @@
 //!
 //! A connection passes `downstream` (how many, how long each may take; each head read by
 //! `client_conn` and checked by `head` before Pingora parses it; a TLS one `handshake` first),
-//! and each of its requests takes a place in `inflight`. A request then travels `proxy`
+//! and each of its requests takes a place in `inflight`, its body held to its deadlines by
+//! `body_clock` (HTTP/1.1) or `h2_watch` (each HTTP/2 stream). A request then travels `proxy`
 //! (Pingora phases) → `canonical` (the one form routes, keys and the upstream see) → `route`
 //! (which route) → `client` (who is asking, behind trusted proxies) → `gate` (the decision
 //! policy: allowlist, `draw` of the buckets built by `key`, enforced and shadow, `deny_cache`, the
