@@ -11,7 +11,10 @@
 use crate::canonical::Refused;
 use crate::client_conn::ClientConn;
 use crate::config::Downstream;
+use crate::h2_watch::H2Watch;
+use crate::handshake::Handshakes;
 use crate::head;
+use crate::inflight::{Admitted, InFlight};
 use crate::metrics::{Closed, Metrics};
 use crate::shed::{Waiter, Waiting};
 use async_trait::async_trait;
@@ -42,6 +45,10 @@ pub struct Connections<A> {
     /// Listeners (`h2c: true`) where a connection may open with HTTP/2's preface.
     h2c: Vec<SocketAddr>,
     open: Arc<Semaphore>,
+    /// Requests in flight, HTTP/2 streams included (`inflight`); `None` for the admin listener.
+    in_flight: Option<Arc<InFlight>>,
+    /// TLS connections under way, which took their place under the cap before their handshake.
+    handshakes: Option<Arc<Handshakes>>,
     /// `None` for the admin listener: its connections are not the clients' the metrics describe.
     metrics: Option<Metrics>,
     /// The admin listener's connections waiting for a head: at the cap, the oldest is shed for a
@@ -82,8 +89,12 @@ impl<A> Connections<A> {
         Connections {
             app: Arc::new(app),
             open: Arc::new(Semaphore::new(limits.max_connections)),
+            in_flight: metrics
+                .clone()
+                .map(|m| Arc::new(InFlight::new(limits.max_requests_in_flight, m))),
             limits,
             h2c: Vec::new(),
+            handshakes: None,
             metrics,
             waiting: None,
             extra_headers: String::new(),
@@ -98,6 +109,8 @@ impl<A> Connections<A> {
             limits: self.limits,
             h2c: self.h2c.clone(),
             open: self.open.clone(),
+            in_flight: self.in_flight.clone(),
+            handshakes: self.handshakes.clone(),
             metrics: self.metrics.clone(),
             waiting: self.waiting.clone(),
             extra_headers: self.extra_headers.clone(),
@@ -109,6 +122,17 @@ impl<A> Connections<A> {
         let open = self.open.clone();
         let max = self.limits.max_connections;
         Arc::new(move || max.saturating_sub(open.available_permits()))
+    }
+
+    /// The TLS listeners' pre-handshake gate (`handshake`): TLS connections take their place
+    /// under the cap at accept, and have their handshake cut at `header_timeout`. `None` for the
+    /// admin listener (cleartext).
+    pub fn tls_gate(&mut self) -> Option<crate::handshake::Gate> {
+        let metrics = self.metrics.clone()?;
+        let handshakes = self.handshakes.get_or_insert_with(|| {
+            Handshakes::new(self.open.clone(), self.limits.header_timeout, metrics)
+        });
+        Some(crate::handshake::Gate(handshakes.clone()))
     }
 
     /// Cleartext HTTP/2 with prior knowledge is accepted on these listeners too.
@@ -179,7 +203,19 @@ where
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         let started = Instant::now();
-        let Some(_permit) = self.place().await else {
+        // A TLS connection took its place before its handshake (`handshake`).
+        let claimed = match (&self.handshakes, stream.get_ssl_digest()) {
+            (Some(handshakes), Some(_)) => stream
+                .get_socket_digest()
+                .and_then(|d| d.socket_cookie().ok())
+                .and_then(|cookie| handshakes.claim(cookie)),
+            _ => None,
+        };
+        let place = match claimed {
+            Some(place) => Some(place),
+            None => self.place().await,
+        };
+        let Some(_permit) = place else {
             // Dropping the stream closes it: no fd or task is held for a client over the cap.
             self.count(Closed::MaxConnections);
             return None;
@@ -187,11 +223,13 @@ where
         let _open = self.metrics.as_ref().map(Metrics::connection_open);
         let alpn_h2 = matches!(stream.selected_alpn_proto(), Some(ALPN::H2));
         let h2c = !alpn_h2 && self.accepts_h2c(&stream);
-        let mut conn = Box::new(ClientConn::new(stream));
+        let mut conn = Box::new(ClientConn::new(stream, self.limits.request_body_timeout));
+        // Each request takes a place in the process's budget of requests in flight.
+        let app = Arc::new(Admitted::new(self.app.clone(), self.in_flight.clone()));
         if alpn_h2 {
             // HTTP/2 negotiated by ALPN on a TLS listener.
             return self
-                .serve_h2(conn, BytesMut::with_capacity(64), started, shutdown)
+                .serve_h2(&app, conn, BytesMut::with_capacity(64), started, shutdown)
                 .await;
         }
         let mut settings = None;
@@ -202,7 +240,9 @@ where
                 .await
             {
                 Ok(Head::Http1(head)) => head,
-                Ok(Head::Http2(read)) => return self.serve_h2(conn, read, started, shutdown).await,
+                Ok(Head::Http2(read)) => {
+                    return self.serve_h2(&app, conn, read, started, shutdown).await
+                }
                 Err(end) => {
                     self.close(&mut conn, end).await;
                     return None;
@@ -228,7 +268,7 @@ where
                 session.set_keepalive(None);
             }
             session.set_read_timeout(Some(self.limits.body_timeout));
-            let reused = self.app.process_new_http(session, shutdown).await?;
+            let reused = app.process_new_http(session, shutdown).await?;
             let (stream, next) = reused.consume();
             conn = stream.into_any().downcast::<ClientConn>().ok()?;
             settings = next;
@@ -251,6 +291,7 @@ where
     /// starts only after it, so half a preface would hold the place for ever.
     async fn serve_h2(
         &self,
+        app: &Arc<Admitted<A>>,
         mut conn: Box<ClientConn>,
         read: BytesMut,
         started: Instant,
@@ -259,8 +300,13 @@ where
         match self.read_preface(&mut conn, read, started, shutdown).await {
             Ok(read) => {
                 // Pingora's HTTP/2 server reads the preface again from what was read here.
-                conn.speak_h2(read);
-                ServerApp::process_new(&self.app, conn, shutdown).await
+                let watch = H2Watch::new(
+                    self.limits.body_timeout,
+                    self.limits.request_body_timeout,
+                    self.metrics.clone(),
+                );
+                conn.speak_h2(read, watch);
+                ServerApp::process_new(app, conn, shutdown).await
             }
             Err(end) => {
                 self.close(&mut conn, end).await;
@@ -455,12 +501,45 @@ async fn read_until(
     }
 }
 
-/// Makes room for `max_connections` clients in the file-descriptor limit: each may hold an
-/// upstream connection too, and at the limit new connections fail at accept (Pingora then pauses
-/// accepting for a second). The soft limit is raised as far as the hard one allows (as Go's
-/// runtime does); a warning says what is still missing.
-pub fn make_room_for(max_connections: usize) -> Option<String> {
-    let needed = fds_needed(max_connections);
+/// Descriptors kept for everything but client and upstream connections: listeners, the admin
+/// port's connections, Redis, health checks, the log.
+pub const FD_RESERVE: u64 = 100;
+
+/// Makes room for `limits` in the file-descriptor limit: each client connection is one, each
+/// request in flight may hold an upstream connection too, and `FD_RESERVE` are kept for the
+/// rest; at the limit new connections fail at accept (Pingora then pauses accepting for a
+/// second) and Redis and the admin port could find none. The soft limit is raised as far as
+/// the hard one allows (as Go's runtime does). Where it is still too low, the requests in flight
+/// (then, if need be, the connections) are lowered to fit, so that the reserve stays free; the
+/// warning says so.
+pub fn fit_to_fds(limits: Downstream) -> (Downstream, Option<String>) {
+    let needed = fds_needed(&limits);
+    let Some(have) = raise_fd_limit(needed) else {
+        return (limits, None);
+    };
+    if have >= needed {
+        return (limits, None);
+    }
+    let room = have.saturating_sub(FD_RESERVE).max(2);
+    let connections = (limits.max_connections as u64).min(room - 1);
+    let in_flight = (limits.max_requests_in_flight as u64).min(room - connections);
+    let fitted = Downstream {
+        max_connections: connections as usize,
+        max_requests_in_flight: in_flight as usize,
+        ..limits
+    };
+    let warning = format!(
+        "downstream.max_connections is {}, which may need {needed} file descriptors (a client \
+         connection each, an upstream connection for each of {} requests in flight, and {} to \
+         spare), but the limit is {have} (ulimit -n): serving at most {connections} connections \
+         and {in_flight} requests in flight; raise the limit, or lower max_connections",
+        limits.max_connections, limits.max_requests_in_flight, FD_RESERVE
+    );
+    (fitted, Some(warning))
+}
+
+/// Raises the soft limit on open files up to `needed` (at most the hard limit); what it is then.
+fn raise_fd_limit(needed: u64) -> Option<u64> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -480,18 +559,11 @@ pub fn make_room_for(max_connections: usize) -> Option<String> {
             limit.rlim_cur = raised.rlim_cur;
         }
     }
-    (limit.rlim_cur < needed).then(|| {
-        format!(
-            "downstream.max_connections is {max_connections}, which may need {needed} file \
-             descriptors (a client and an upstream connection each, and some to spare), but the \
-             limit is {} (ulimit -n): raise it, or lower max_connections",
-            limit.rlim_cur
-        )
-    })
+    Some(limit.rlim_cur)
 }
 
-/// File descriptors `max_connections` clients may need: two each, and 100 for listeners, Redis and
-/// the rest.
-pub fn fds_needed(max_connections: usize) -> u64 {
-    max_connections as u64 * 2 + 100
+/// File descriptors `limits` may need: a client connection each, an upstream connection per
+/// request in flight, and `FD_RESERVE` for listeners, Redis and the rest.
+pub fn fds_needed(limits: &Downstream) -> u64 {
+    limits.max_connections as u64 + limits.max_requests_in_flight as u64 + FD_RESERVE
 }

@@ -4,7 +4,9 @@
 //! # Layout
 //!
 //! A connection passes `downstream` (how many, how long each may take; each head read by
-//! `client_conn` and checked by `head` before Pingora parses it). A request then travels `proxy`
+//! `client_conn` and checked by `head` before Pingora parses it; a TLS one `handshake` first),
+//! and each of its requests takes a place in `inflight`, its body held to its deadlines by
+//! `body_clock` (HTTP/1.1) or `h2_watch` (each HTTP/2 stream). A request then travels `proxy`
 //! (Pingora phases) → `canonical` (the one form routes, keys and the upstream see) → `route`
 //! (which route) → `client` (who is asking, behind trusted proxies) → `gate` (the decision
 //! policy: allowlist, `draw` of the buckets built by `key`, enforced and shadow, `deny_cache`, the
@@ -25,6 +27,7 @@ pub mod words;
 pub mod admin;
 pub mod answer;
 pub mod bind;
+pub mod body_clock;
 pub mod calendar;
 pub mod canonical;
 pub mod client;
@@ -39,11 +42,14 @@ pub mod draw;
 pub mod explain;
 pub mod gate;
 pub mod grpc;
+pub mod h2_watch;
+pub mod handshake;
 pub mod head;
 pub mod head_room;
 pub mod headers;
 pub mod health;
 pub mod held;
+pub mod inflight;
 pub mod key;
 pub mod key_budget;
 pub mod limiter;

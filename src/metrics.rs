@@ -37,8 +37,14 @@ words! {
         HeaderTimeout = "header_timeout",
         /// A kept-alive connection sent no request within `downstream.idle_timeout_ms`.
         IdleTimeout = "idle_timeout",
-        /// A request body stalled longer than `downstream.body_timeout_ms`.
+        /// A request body stalled longer than `downstream.body_timeout_ms` (on HTTP/2: a stream
+        /// whose request was still open sent no frame for that long, and was reset).
         BodyTimeout = "body_timeout",
+        /// A request body was not whole within `downstream.request_body_timeout_ms` of its head
+        /// (on HTTP/2 the stream is reset).
+        RequestBodyTimeout = "request_body_timeout",
+        /// A TLS handshake did not finish within `downstream.header_timeout_ms`.
+        HandshakeTimeout = "handshake_timeout",
         /// Closed at accept: `downstream.max_connections` were open.
         MaxConnections = "max_connections",
         /// The client reset or closed the connection in the middle of a request.
@@ -46,7 +52,17 @@ words! {
     }
 }
 
-/// Counts one open client connection while it lives.
+words! {
+    /// Why a request was answered 503 before any route saw it, as
+    /// `ratelimit_requests_shed_total`'s `reason` label spells it.
+    pub enum Shed {
+        /// `downstream.max_requests_in_flight` requests were being served (or, for a further
+        /// stream of an HTTP/2 connection, half of them).
+        MaxRequestsInFlight = "max_requests_in_flight",
+    }
+}
+
+/// Counts one open client connection (or request in flight) while it lives.
 pub struct OpenConnection(IntGauge);
 
 impl Drop for OpenConnection {
@@ -133,6 +149,9 @@ pub struct Metrics {
     connections_closed: Vec<IntCounter>,
     /// By `Refused`, in `Refused::ALL` order.
     refused: Vec<IntCounter>,
+    /// By `Shed`, in `Shed::ALL` order.
+    shed: Vec<IntCounter>,
+    requests_in_flight: IntGauge,
     /// Each route's most refused keys (not metrics: their labels would be unbounded), kept by
     /// route name across reloads, as the counters are.
     tops: Arc<Mutex<HashMap<String, Arc<TopKeys>>>>,
@@ -309,9 +328,26 @@ impl Metrics {
             ),
             &["reason"],
         )?;
+        let shed = IntCounterVec::new(
+            Opts::new(
+                "ratelimit_requests_shed_total",
+                "Requests answered 503 with Retry-After because the process was at a limit, by reason",
+            ),
+            &["reason"],
+        )?;
+        let requests_in_flight = IntGauge::new(
+            "ratelimit_requests_in_flight",
+            "Client requests (HTTP/2 streams included) being served now",
+        )?;
         registry.register(Box::new(connections_open.clone()))?;
         registry.register(Box::new(connections_closed.clone()))?;
         registry.register(Box::new(refused.clone()))?;
+        registry.register(Box::new(shed.clone()))?;
+        registry.register(Box::new(requests_in_flight.clone()))?;
+        let shed = Shed::ALL
+            .iter()
+            .map(|r| shed.with_label_values(&[r.as_str()]))
+            .collect();
         let connections_closed = Closed::ALL
             .iter()
             .map(|c| connections_closed.with_label_values(&[c.as_str()]))
@@ -363,6 +399,8 @@ impl Metrics {
             connections_open,
             connections_closed,
             refused,
+            shed,
+            requests_in_flight,
             tops: Arc::default(),
         })
     }
@@ -389,6 +427,17 @@ impl Metrics {
 
     pub fn connection_closed(&self, why: Closed) {
         self.connections_closed[why as usize].inc();
+    }
+
+    /// A request was answered 503 at a process limit.
+    pub fn shed(&self, why: Shed) {
+        self.shed[why as usize].inc();
+    }
+
+    /// A client request is being served; it counts until the guard drops.
+    pub fn request_in_flight(&self) -> OpenConnection {
+        self.requests_in_flight.inc();
+        OpenConnection(self.requests_in_flight.clone())
     }
 
     /// A request was refused with 400 before routing.
@@ -577,6 +626,11 @@ mod tests {
                 "ratelimit_requests_refused_total",
                 "reason",
                 sorted(Refused::words()),
+            ),
+            (
+                "ratelimit_requests_shed_total",
+                "reason",
+                sorted(Shed::words()),
             ),
         ] {
             assert_eq!(label_values(&text, family, label), words, "{family}");

@@ -295,6 +295,14 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             _ => match e.esource() {
                 ErrorSource::Upstream => 502,
                 ErrorSource::Downstream => match e.etype() {
+                    // A request body not whole by `downstream.request_body_timeout_ms`.
+                    ErrorType::ReadError if crate::body_clock::is_expired(e) => {
+                        self.metrics.connection_closed(Closed::RequestBodyTimeout);
+                        408
+                    }
+                    // An HTTP/2 stream reset by this side: `h2_watch` cut it at a deadline (and
+                    // counted it), or `h2` found it malformed. Not the client's reset.
+                    ErrorType::ReadError if crate::h2_watch::reset_here(e) => 0,
                     // The client is gone: nobody to answer.
                     ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => {
                         self.metrics.connection_closed(Closed::ClientReset);

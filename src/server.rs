@@ -290,7 +290,8 @@ fn serve<L: Limiter>(
     redis: Option<Arc<RedisLimiter>>,
 ) -> Result<(), StartError> {
     exit_on_listener_panic();
-    if let Some(warning) = crate::downstream::make_room_for(config.downstream.max_connections) {
+    let (downstream, warning) = crate::downstream::fit_to_fds(config.downstream);
+    if let Some(warning) = warning {
         log::warn!("{warning}");
     }
     let conf = ServerConf {
@@ -334,7 +335,7 @@ fn serve<L: Limiter>(
     // TLS listeners stay in one service of N threads: Pingora gives each service its own TLS
     // acceptor and session cache, and a client that resumes its session must find it whichever
     // thread's socket the kernel hands its next connection to.
-    let clients = Connections::new((), config.downstream, parts.metrics.clone()).with_h2c(
+    let mut clients = Connections::new((), downstream, parts.metrics.clone()).with_h2c(
         config
             .listen
             .iter()
@@ -342,6 +343,8 @@ fn serve<L: Limiter>(
             .map(|l| l.addr)
             .collect(),
     );
+    // Before any service shares `clients`: they must all know the handshakes under way.
+    let tls_gate = clients.tls_gate();
     let fresh = Arc::new(std::sync::Mutex::new(parts.sockets.proxy));
     let (tls, cleartext): (Vec<&Listener>, Vec<&Listener>) =
         config.listen.iter().partition(|l| l.tls.is_some());
@@ -354,6 +357,7 @@ fn serve<L: Limiter>(
         if listeners.is_empty() {
             continue;
         }
+        let tls = listeners.iter().any(|l| l.tls.is_some());
         let group = Group {
             addrs: listeners.iter().map(|l| l.addr).collect(),
             what: "proxy",
@@ -370,6 +374,9 @@ fn serve<L: Limiter>(
             proxy.threads = Some(threads);
             for listener in &listeners {
                 add_listener(&mut proxy, listener, &parts.resolvers)?;
+            }
+            if let Some(gate) = tls_gate.clone().filter(|_| tls) {
+                proxy.endpoints().set_pre_tls_callback(Arc::new(gate));
             }
             server.add_service(PreBound::new(proxy, worker, group.clone()));
         }
@@ -391,7 +398,7 @@ fn serve<L: Limiter>(
                     hosts: HostCheck::new(config.admin, &config.admin_allowed_hosts),
                 },
             ),
-            config.downstream,
+            downstream,
             crate::admin::security_header_lines(),
         ),
     );

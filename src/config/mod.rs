@@ -83,10 +83,19 @@ pub struct Downstream {
     pub header_timeout: Duration,
     /// A kept-alive connection with no request in flight is closed after this.
     pub idle_timeout: Duration,
-    /// The longest wait between two reads of a request body.
+    /// The longest wait between two reads of a request body; on HTTP/2, the longest a stream
+    /// whose request is still open may go without a frame.
     pub body_timeout: Duration,
-    /// Per process; beyond it new connections are closed at accept.
+    /// The whole request body must arrive within this of the end of its head: a per-read
+    /// deadline alone lets one byte every `body_timeout` hold a request for ever.
+    pub request_body_timeout: Duration,
+    /// Per process; beyond it new connections are closed at accept (TLS ones before their
+    /// handshake).
     pub max_connections: usize,
+    /// Per process: requests being served at once, HTTP/2 streams included. Each may hold an
+    /// upstream connection, so this and `max_connections` together are what the file
+    /// descriptors must cover; beyond it a request is answered 503.
+    pub max_requests_in_flight: usize,
     pub max_requests_per_connection: u32,
     /// Requests in flight at once on one HTTP/2 connection (`SETTINGS_MAX_CONCURRENT_STREAMS`).
     pub max_concurrent_streams: u32,
@@ -98,7 +107,11 @@ impl Default for Downstream {
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             body_timeout: Duration::from_secs(60),
+            request_body_timeout: Duration::from_secs(300),
             max_connections: 10_000,
+            // As many as connections: one upstream connection for each client connection is
+            // what `downstream::fds_needed` has always counted.
+            max_requests_in_flight: 10_000,
             max_requests_per_connection: 10_000,
             max_concurrent_streams: 100,
         }

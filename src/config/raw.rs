@@ -96,7 +96,9 @@ pub(super) struct RawDownstream {
     pub header_timeout_ms: Option<u64>,
     pub idle_timeout_ms: Option<u64>,
     pub body_timeout_ms: Option<u64>,
+    pub request_body_timeout_ms: Option<u64>,
     pub max_connections: Option<u64>,
+    pub max_requests_in_flight: Option<u64>,
     pub max_requests_per_connection: Option<u64>,
     pub max_concurrent_streams: Option<u64>,
 }

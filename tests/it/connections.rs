@@ -489,3 +489,86 @@ fn a_large_body_reaches_the_upstream_whole_and_the_connection_goes_on() {
     assert!(read_response(&mut c).starts_with("HTTP/1.1 200 "));
     assert_eq!(s.upstream.targets(), ["/up", "/next"]);
 }
+
+/// A body due whole within 1 s of its head, each read allowed 10 s.
+const TRICKLE: &str = "downstream:\n  body_timeout_ms: 10000\n  request_body_timeout_ms: 1000\n";
+
+/// Sends `piece` every 300 ms on `c` until the proxy closes it, at most `limit`: when it closed
+/// (from the first piece), and what it said.
+fn trickle(c: &mut TcpStream, piece: &[u8], limit: Duration) -> (Option<Duration>, String) {
+    c.set_nonblocking(true).unwrap();
+    let began = Instant::now();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    while began.elapsed() < limit {
+        let _ = c.write_all(piece);
+        let paced = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < paced {
+            match c.read(&mut buf) {
+                Ok(0) => return (Some(began.elapsed()), lossy(&answer)),
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Err(_) => return (Some(began.elapsed()), lossy(&answer)),
+            }
+        }
+    }
+    (None, lossy(&answer))
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// One byte every 300 ms is well within a per-read timeout, and kept a request (and the upstream
+/// connection under it) open for as long as the client liked. The whole body is due within
+/// `request_body_timeout_ms` of its head, with `Content-Length` or chunked: past it, 408.
+#[test]
+fn a_body_trickled_a_byte_at_a_time_is_cut_off_at_its_deadline() {
+    let s = Setup::start_with_config(Backend::Memory, ROUTE, TRICKLE);
+    let heads: [(&str, &[u8], &[u8]); 2] = [
+        (
+            "content-length",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\n",
+            b"x",
+        ),
+        (
+            "chunked",
+            // The test upstream does not read chunked bodies: `/hold` keeps it from answering.
+            b"POST /hold HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"1\r\nx\r\n",
+        ),
+    ];
+    for (what, head, piece) in heads {
+        let mut c = TcpStream::connect(s.proxy.addr).unwrap();
+        c.write_all(head).unwrap();
+        let (closed, answer) = trickle(&mut c, piece, Duration::from_secs(10));
+        println!("HTTP/1.1 {what} body, a piece every 300 ms: closed after {closed:?}");
+        let closed = closed.unwrap_or_else(|| panic!("{what}: still open after 10 s"));
+        assert!(
+            closed >= Duration::from_millis(900) && closed < Duration::from_millis(2500),
+            "{what}: closed after {closed:?}"
+        );
+        assert!(answer.starts_with("HTTP/1.1 408 "), "{what}: {answer:?}");
+    }
+    assert_eq!(closed(&s, "request_body_timeout"), 2);
+    assert_eq!(
+        s.upstream.targets(),
+        ["/hold"],
+        "no body reached the upstream whole"
+    );
+    s.upstream.open(true);
+    // A body that arrives in time is unaffected.
+    let mut c = TcpStream::connect(s.proxy.addr).unwrap();
+    c.write_all(
+        b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    )
+    .unwrap();
+    assert!(read_response(&mut c).starts_with("HTTP/1.1 200 "));
+    // Past the first body's deadline, the next request on the connection is served.
+    std::thread::sleep(Duration::from_millis(1200));
+    c.write_all(b"GET /next HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
+    assert!(read_response(&mut c).starts_with("HTTP/1.1 200 "));
+}

@@ -292,3 +292,155 @@ fn grpc_shaped_refusals_are_for_grpc_over_http2_only() {
     let statuses: Vec<u16> = (0..3).map(|_| curl(&h1, &url).1).collect();
     assert_eq!(statuses, [200, 200, 429]);
 }
+
+/// 4 HTTP/2 connections × 100 uploads that send their head and 10 bytes, then stall, against a
+/// proxy that may open 160 files: each stream would hold an upstream connection, and 400 of them
+/// ran the process out of descriptors (new clients timed out, the log filled with "Too many open
+/// files"). Each request takes a place among `max_requests_in_flight` (fitted to the descriptors),
+/// a connection's further streams only in the first half of them: the rest are answered 503, and
+/// new clients and `/healthz` are served throughout.
+#[test]
+fn stalled_http2_uploads_cannot_take_every_descriptor() {
+    use crate::support::h2raw::Stalled;
+    let upstream = Upstream::start();
+    let yaml = format!(
+        "listen:\n  - {{ address: \"{{listen}}\", h2c: true }}\nadmin: \"{{admin}}\"\n\
+         downstream: {{ max_connections: 40 }}\n\
+         routes:\n  - name: api\n    upstream: \"{}\"\n",
+        upstream.addr
+    );
+    let proxy = Proxy::start_with_fd_limit(&yaml, 160);
+    let attack: Vec<Stalled> = (0..4)
+        .map(|_| Stalled::open(proxy.addr, 100, 1_000_000, 10))
+        .collect();
+    // The attack has landed once every stream was forwarded or answered.
+    let landed = Instant::now();
+    let settled = (0..500).find_map(|_| {
+        let answered: u32 = attack.iter().map(|a| a.seen().headers).sum();
+        let forwarded = upstream.connections().1;
+        if u64::from(answered) + forwarded >= 400 {
+            return Some(landed.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        None
+    });
+    let answered: u32 = attack.iter().map(|a| a.seen().headers).sum();
+    let (_, held) = upstream.connections();
+    let healthz = crate::support::http::send_raw(
+        proxy.admin,
+        format!(
+            "GET /healthz HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            proxy.admin
+        )
+        .as_bytes(),
+    )
+    .map(|r| r.status);
+    let began = Instant::now();
+    let fresh = crate::support::http::send_raw(
+        proxy.addr,
+        b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    );
+    let took = began.elapsed();
+    let fresh = fresh.map(|r| r.status);
+    let log = proxy.stderr();
+    let emfile = log.matches("Too many open files").count();
+    println!(
+        "stalled streams: settled after {settled:?}; upstream connections held {held}, streams \
+         answered {answered}; /healthz {healthz:?}; a new client: {fresh:?} in {took:?}; \
+         \"Too many open files\" {emfile} times"
+    );
+    assert!(
+        settled.is_some(),
+        "the streams were neither forwarded nor answered"
+    );
+    assert_eq!(healthz.ok(), Some(200));
+    assert_eq!(fresh.ok(), Some(200), "a new client is served");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(held <= 40, "{held} upstream connections held");
+    assert_eq!(emfile, 0, "{log}");
+    assert!(
+        proxy.metric("ratelimit_requests_shed_total{reason=\"max_requests_in_flight\"}") >= 300.0,
+        "{}",
+        proxy.report()
+    );
+    drop(attack);
+}
+
+/// An HTTP/2 upload that sends a byte every 300 ms, and a stream that opens a request and sends
+/// nothing more. Pingora's HTTP/2 server reads bodies with no timeout: both held their stream,
+/// their upstream connection and the connection (never idle while a stream is open) for ever.
+/// Each is reset at its deadline (1 s: the whole body, and a stream with no frame), counted,
+/// and the connection is then closed as idle.
+#[test]
+fn trickled_and_silent_http2_requests_are_reset_at_their_deadlines() {
+    use crate::support::h2raw::Stalled;
+    let upstream = Upstream::start();
+    let cases = [
+        (
+            "a byte every 300 ms",
+            "body_timeout_ms: 10000, request_body_timeout_ms: 1000",
+            "request_body_timeout",
+            true,
+        ),
+        (
+            "no frame at all",
+            "body_timeout_ms: 1000, request_body_timeout_ms: 60000",
+            "body_timeout",
+            false,
+        ),
+    ];
+    for (what, limits, reason, trickle) in cases {
+        let proxy = Proxy::start(&config(
+            &upstream,
+            &format!("downstream: {{ idle_timeout_ms: 500, {limits} }}\n"),
+        ));
+        let mut client = Stalled::open(proxy.addr, 1, 1_000_000, 10);
+        let began = Instant::now();
+        let mut reset = None;
+        // Bounded: the reset, or 10 s.
+        while began.elapsed() < Duration::from_secs(10) {
+            if trickle {
+                let _ = client.send_data(1, b"x");
+            }
+            let paced = Instant::now() + Duration::from_millis(300);
+            while Instant::now() < paced && reset.is_none() {
+                if client.seen().resets > 0 {
+                    reset = Some(began.elapsed());
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if reset.is_some() {
+                break;
+            }
+        }
+        let closed = crate::support::wait_for(
+            "the idle connection to close",
+            Duration::from_secs(10),
+            || client.seen().closed.then(|| began.elapsed()),
+        );
+        println!(
+            "HTTP/2 request, {what}: reset after {reset:?}, connection closed after {closed:?}"
+        );
+        let reset = reset.unwrap_or_else(|| panic!("{what}: no reset within 10 s"));
+        assert!(
+            reset >= Duration::from_millis(900) && reset < Duration::from_millis(2500),
+            "{what}: {reset:?}"
+        );
+        assert!(
+            closed < reset + Duration::from_secs(3),
+            "{what}: {closed:?}"
+        );
+        assert_eq!(
+            proxy.metric(&format!(
+                "ratelimit_connections_closed_total{{reason=\"{reason}\"}}"
+            )),
+            1.0,
+            "{what}"
+        );
+        assert_eq!(
+            proxy.metric("ratelimit_connections_closed_total{reason=\"client_reset\"}"),
+            0.0,
+            "{what}: the proxy's own reset is not the client's"
+        );
+    }
+}

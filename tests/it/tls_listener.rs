@@ -575,3 +575,70 @@ fn a_tls_session_is_resumed_on_every_reconnect() {
         assert!(again.contains("Reused, TLSv1.2"), "reconnect {i}: {again}");
     }
 }
+
+/// 200 clients connect to the TLS port and never send a ClientHello. Pingora held each for
+/// ~35 s whatever `header_timeout_ms` said, and uncounted (1,000 of them ran the process out of
+/// descriptors). Now a handshake takes its place under `max_connections` at accept and must end
+/// within `header_timeout_ms` (1 s here): 50 are held and cut at 1 s, 150 are closed at once,
+/// and HTTPS is served throughout.
+#[test]
+fn silent_tls_handshakes_are_cut_at_the_head_deadline_and_counted_as_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    let upstream = Upstream::start();
+    let yaml = config(dir.path(), "server.crt", "server.key", &upstream).replace(
+        "\nadmin:",
+        "\ndownstream: { header_timeout_ms: 1000, max_connections: 50 }\nadmin:",
+    );
+    let proxy = Proxy::start(&yaml);
+    // The start's readiness probe was a connection too: let it go first.
+    wait_for("no open connection", Duration::from_secs(5), || {
+        (proxy.metric("ratelimit_connections_open") == 0.0).then_some(())
+    });
+    let began = std::time::Instant::now();
+    let mut silent: Vec<Option<TcpStream>> = (0..200)
+        .map(|_| {
+            let s = TcpStream::connect(proxy.addr).unwrap();
+            s.set_nonblocking(true).unwrap();
+            Some(s)
+        })
+        .collect();
+    let mut closed_after = Vec::new();
+    // Bounded: every connection closed, or 10 s.
+    while silent.iter().any(Option::is_some) && began.elapsed() < Duration::from_secs(10) {
+        for slot in &mut silent {
+            let Some(s) = slot else { continue };
+            let mut buf = [0u8; 64];
+            match s.read(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                _ => {
+                    closed_after.push(began.elapsed());
+                    *slot = None;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let open = silent.iter().filter(|s| s.is_some()).count();
+    let at_once = closed_after
+        .iter()
+        .filter(|t| **t < Duration::from_millis(500))
+        .count();
+    let last = closed_after.iter().max().copied();
+    println!(
+        "silent TLS clients: {open} of 200 still open after {:?}; {at_once} closed within 0.5 s, \
+         the last after {last:?}",
+        began.elapsed()
+    );
+    assert_eq!(open, 0, "still open after 10 s");
+    assert!(at_once >= 150, "{at_once} closed at once");
+    assert!(last.unwrap() < Duration::from_millis(2500), "{last:?}");
+    let metric = |reason: &str| {
+        proxy.metric(&format!(
+            "ratelimit_connections_closed_total{{reason=\"{reason}\"}}"
+        ))
+    };
+    assert_eq!(metric("handshake_timeout"), 50.0, "{}", proxy.report());
+    assert_eq!(metric("max_connections"), 150.0);
+    assert_eq!(curl(dir.path(), proxy.addr.port(), "after").0, 200);
+}

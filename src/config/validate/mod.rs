@@ -258,6 +258,13 @@ impl Validator<'_> {
             n
         };
         let ms = |d: Duration| d.as_millis() as u64;
+        let max_connections = number(
+            self,
+            "max_connections",
+            raw.max_connections,
+            defaults.max_connections as u64,
+            10_000_000,
+        ) as usize;
         Downstream {
             header_timeout: Duration::from_millis(number(
                 self,
@@ -280,11 +287,21 @@ impl Validator<'_> {
                 ms(defaults.body_timeout),
                 3_600_000,
             )),
-            max_connections: number(
+            request_body_timeout: Duration::from_millis(number(
                 self,
-                "max_connections",
-                raw.max_connections,
-                defaults.max_connections as u64,
+                "request_body_timeout_ms",
+                raw.request_body_timeout_ms,
+                ms(defaults.request_body_timeout),
+                86_400_000,
+            )),
+            max_connections,
+            // By default one request in flight per connection, as the file descriptors were
+            // always counted; more only if asked for.
+            max_requests_in_flight: number(
+                self,
+                "max_requests_in_flight",
+                raw.max_requests_in_flight,
+                max_connections as u64,
                 10_000_000,
             ) as usize,
             max_requests_per_connection: number(

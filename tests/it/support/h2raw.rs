@@ -250,3 +250,77 @@ fn huffman_coded_statuses_are_read() {
     );
     assert_eq!(huffman_digits(&[0b0000_0000, 0b0011_1111]), "00");
 }
+
+/// An HTTP/2 client over h2c that opens `streams` POST requests, each with its head and the
+/// first `sent` bytes of a `length`-byte body, then sends nothing more (a stalled upload). The
+/// connection is returned open; what the server sends is read and dropped by a thread, so its
+/// writes never block, and counted (`seen`).
+pub struct Stalled {
+    stream: TcpStream,
+    seen: Arc<std::sync::Mutex<Seen>>,
+}
+
+/// What the server sent a `Stalled` client so far.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Seen {
+    pub resets: u32,
+    pub headers: u32,
+    /// The server closed the connection.
+    pub closed: bool,
+}
+
+impl Stalled {
+    pub fn open(addr: SocketAddr, streams: u32, length: usize, sent: usize) -> Stalled {
+        let mut s = connect(addr);
+        let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        out.extend(frame(SETTINGS, 0, 0, &[]));
+        for n in 0..streams {
+            let id = 2 * n + 1;
+            let mut block = Vec::new();
+            literal(&mut block, b":method", b"POST");
+            literal(&mut block, b":scheme", b"http");
+            literal(&mut block, b":authority", addr.to_string().as_bytes());
+            literal(&mut block, b":path", b"/upload");
+            literal(&mut block, b"content-length", length.to_string().as_bytes());
+            // END_HEADERS only: the body follows.
+            out.extend(frame(HEADERS, 0x4, id, &block));
+            out.extend(frame(DATA, 0, id, &vec![b'x'; sent]));
+        }
+        s.write_all(&out).expect("write the streams");
+        let counts = Arc::new(std::sync::Mutex::new(Seen::default()));
+        let mut reader = s.try_clone().unwrap();
+        let seen = counts.clone();
+        std::thread::spawn(move || {
+            let _ = reader.set_read_timeout(None);
+            let mut head = [0u8; 9];
+            while reader.read_exact(&mut head).is_ok() {
+                let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+                let mut payload = vec![0u8; len];
+                if reader.read_exact(&mut payload).is_err() {
+                    break;
+                }
+                let mut c = seen.lock().unwrap();
+                match head[3] {
+                    RST_STREAM => c.resets += 1,
+                    HEADERS => c.headers += 1,
+                    _ => {}
+                }
+            }
+            seen.lock().unwrap().closed = true;
+        });
+        Stalled {
+            stream: s,
+            seen: counts,
+        }
+    }
+
+    /// Sends `bytes` more of stream `id`'s body (no END_STREAM).
+    pub fn send_data(&mut self, id: u32, bytes: &[u8]) -> std::io::Result<()> {
+        self.stream.write_all(&frame(DATA, 0, id, bytes))
+    }
+
+    /// What the server sent so far.
+    pub fn seen(&self) -> Seen {
+        *self.seen.lock().unwrap()
+    }
+}

@@ -11,6 +11,12 @@ use tempfile::TempDir;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_ratelimit-proxy");
 
+/// The binary `Proxy` runs: `BIN`, or `RATELIMIT_PROXY_BIN` when set, so that an attack test can
+/// be run against an earlier build to show that it failed there.
+fn bin() -> String {
+    std::env::var("RATELIMIT_PROXY_BIN").unwrap_or_else(|_| BIN.to_string())
+}
+
 /// `ratelimit-proxy --config <config> --check`, run to its end.
 pub fn check(config: impl AsRef<std::path::Path>) -> std::process::Output {
     Command::new(BIN)
@@ -101,10 +107,10 @@ impl Proxy {
                 let mut sh = Command::new("sh");
                 sh.arg("-c")
                     .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
-                    .arg(BIN);
+                    .arg(bin());
                 sh
             }
-            None => Command::new(BIN),
+            None => Command::new(bin()),
         };
         cmd.arg("--config")
             .arg(self.config_path())

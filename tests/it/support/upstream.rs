@@ -18,6 +18,9 @@ use std::sync::{Arc, Mutex};
 #[derive(Default)]
 struct Seen {
     hits: AtomicU64,
+    /// Connections accepted, and those open now.
+    accepted: AtomicU64,
+    open_now: AtomicU64,
     /// Lower-case name and value of every header of the last request.
     last_headers: Mutex<Vec<(String, String)>>,
     /// The request line of every request, in order of arrival.
@@ -70,7 +73,10 @@ impl Upstream {
             for stream in listener.incoming().flatten() {
                 let seen = shared.clone();
                 let tls = tls.clone();
+                seen.accepted.fetch_add(1, Ordering::SeqCst);
+                seen.open_now.fetch_add(1, Ordering::SeqCst);
                 std::thread::spawn(move || {
+                    let _open = OpenNow(seen.clone());
                     // One write per response and no Nagle: otherwise delayed ACKs add ~40 ms to
                     // every request.
                     let _ = stream.set_nodelay(true);
@@ -104,6 +110,14 @@ impl Upstream {
         let (lock, wake) = &self.seen.open;
         *lock.lock().unwrap() = open;
         wake.notify_all();
+    }
+
+    /// Connections the proxy opened to the upstream so far, and those open now.
+    pub fn connections(&self) -> (u64, u64) {
+        (
+            self.seen.accepted.load(Ordering::SeqCst),
+            self.seen.open_now.load(Ordering::SeqCst),
+        )
     }
 
     /// Requests that reached the upstream so far.
@@ -140,6 +154,15 @@ impl Upstream {
 
 /// Keep-alive HTTP/1.1: Pingora reuses upstream connections. Over TLS the handshake happens on
 /// the first read, so a refused one ends here before anything is counted.
+/// Counts a connection open until its thread ends.
+struct OpenNow(Arc<Seen>);
+
+impl Drop for OpenNow {
+    fn drop(&mut self) {
+        self.0.open_now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 fn serve(stream: impl Read + Write, seen: &Seen) {
     let mut reader = BufReader::new(stream);
     loop {
