@@ -294,27 +294,7 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
             }
             _ => match e.esource() {
                 ErrorSource::Upstream => 502,
-                ErrorSource::Downstream => match e.etype() {
-                    // A request body not whole by `downstream.request_body_timeout_ms`.
-                    ErrorType::ReadError if crate::body_clock::is_expired(e) => {
-                        self.metrics.connection_closed(Closed::RequestBodyTimeout);
-                        408
-                    }
-                    // An HTTP/2 stream reset by this side: `h2_watch` cut it at a deadline (and
-                    // counted it), or `h2` found it malformed. Not the client's reset.
-                    ErrorType::ReadError if crate::h2_watch::reset_here(e) => 0,
-                    // The client is gone: nobody to answer.
-                    ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => {
-                        self.metrics.connection_closed(Closed::ClientReset);
-                        0
-                    }
-                    // A request body stalled past `downstream.body_timeout_ms`.
-                    ErrorType::ReadTimedout => {
-                        self.metrics.connection_closed(Closed::BodyTimeout);
-                        408
-                    }
-                    _ => 400,
-                },
+                ErrorSource::Downstream => self.client_failure(e),
                 ErrorSource::Internal | ErrorSource::Unset => 500,
             },
         };
@@ -517,6 +497,32 @@ fn route_of(ctx: &RequestCtx) -> Option<&RoutePlan> {
 }
 
 impl<L: Limiter> RateLimitProxy<L> {
+    /// The status a client failure is answered with (0: the client is gone, nobody to answer),
+    /// counted by its cause.
+    fn client_failure(&self, e: &Error) -> u16 {
+        match e.etype() {
+            // A request body not whole by `downstream.request_body_timeout_ms`.
+            ErrorType::ReadError if crate::body_clock::is_expired(e) => {
+                self.metrics.connection_closed(Closed::RequestBodyTimeout);
+                408
+            }
+            // An HTTP/2 stream reset by this side: `h2_watch` cut it at a deadline (and counted
+            // it), or `h2` found it malformed. Not the client's reset.
+            ErrorType::ReadError if crate::h2_watch::reset_here(e) => 0,
+            // The client is gone: nobody to answer.
+            ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => {
+                self.metrics.connection_closed(Closed::ClientReset);
+                0
+            }
+            // A request body stalled past `downstream.body_timeout_ms`.
+            ErrorType::ReadTimedout => {
+                self.metrics.connection_closed(Closed::BodyTimeout);
+                408
+            }
+            _ => 400,
+        }
+    }
+
     /// Acts on the gate's verdict: a refusal is answered here; an admitted request goes on to
     /// the upstream, through the relay when its answer is to be charged (or its body was read).
     async fn answer(
@@ -566,7 +572,15 @@ impl<L: Limiter> RateLimitProxy<L> {
                         tokio::spawn(renewal);
                     }
                 };
-                relay::run(session, spawner, relayed, body, renew).await?;
+                if let Some(e) = relay::run(session, spawner, relayed, body, renew).await? {
+                    // The client's body was cut short: answered as any client failure is.
+                    log::debug!("relayed request's body cut short: {e}");
+                    session.set_keepalive(None);
+                    let code = self.client_failure(&e);
+                    if code > 0 {
+                        session.respond_error(code).await?;
+                    }
+                }
                 Ok(true)
             }
             Verdict::Pass(_, decision) => {

@@ -70,14 +70,16 @@ pub fn wanted(verdict: &Verdict, held: &Held) -> bool {
 
 /// Proxies the admitted request through the inner leg and answers the client with what it says.
 /// `body`: the request body when it was read whole before the decision (then it is sent as it
-/// is, with its length); otherwise the client's body is streamed on.
+/// is, with its length); otherwise the client's body is streamed on. Returns the error that cut
+/// the client's body short (a deadline, a reset) when nothing was answered yet: the caller
+/// answers it as it answers any client failure.
 pub async fn run(
     session: &mut Session,
     spawner: &SubrequestSpawner,
     relayed: Relayed,
     body: Option<Bytes>,
     mut renew: impl FnMut(),
-) -> Result<()> {
+) -> Result<Option<Box<Error>>> {
     let streamed = body.is_none() && !session.as_downstream_mut().is_body_empty();
     let wire = inner_head(
         session.req_header(),
@@ -102,6 +104,7 @@ pub async fn run(
     let mut pending = body.map(|b| HttpTask::Body(Some(b), true));
     let mut request_done = !streamed;
     let mut answered = false;
+    let mut body_failed: Option<Box<Error>> = None;
     // Leases are kept alive while the request waits on its upstream too, not only while a body
     // moves (`renew` renews them when a third of their life has passed).
     let mut tick = tokio::time::interval(RENEW_TICK);
@@ -112,14 +115,15 @@ pub async fn run(
             task = handle.rx.recv() => {
                 let Some(task) = task else { break };
                 let done = matches!(task, HttpTask::Done | HttpTask::Failed(_));
-                answered |= matches!(task, HttpTask::Header(..));
+                // Only what reaches the client counts as its answer.
                 if !gone.load(Ordering::Relaxed) {
-                    let end = task.is_end();
-                    if let Err(e) = session.write_response_tasks(vec![task]).await {
-                        log::debug!("client gone, the answer is read on for its usage: {e}");
-                        gone.store(true, Ordering::Relaxed);
-                    } else if end {
-                        // The whole answer is the client's; the inner leg ends on its own.
+                    let head = matches!(task, HttpTask::Header(..));
+                    match session.write_response_tasks(vec![task]).await {
+                        Ok(_) => answered |= head,
+                        Err(e) => {
+                            log::debug!("client gone, the answer is read on for its usage: {e}");
+                            gone.store(true, Ordering::Relaxed);
+                        }
                     }
                 }
                 if done {
@@ -140,11 +144,16 @@ pub async fn run(
                         request_done = true;
                         HttpTask::Body(None, true)
                     }
-                    // A body cut short must not reach the upstream as a whole one.
+                    // A body cut short must not reach the upstream as a whole one; the inner
+                    // leg's answer to it is not the client's (it is told why below).
                     Err(e) => {
                         request_done = true;
                         gone.store(true, Ordering::Relaxed);
-                        HttpTask::Failed(e)
+                        body_failed = Some(e);
+                        HttpTask::Failed(Error::explain(
+                            ReadError,
+                            "the client's request body was cut short",
+                        ))
                     }
                 });
             }
@@ -155,10 +164,13 @@ pub async fn run(
     if let Err(e) = inner.await {
         log::warn!("relayed request ended abnormally: {e}");
     }
-    if !answered && !gone.load(Ordering::Relaxed) {
+    if answered {
+        return Ok(None);
+    }
+    if body_failed.is_none() && !gone.load(Ordering::Relaxed) {
         session.respond_error(502).await?;
     }
-    Ok(())
+    Ok(body_failed)
 }
 
 /// The request head the inner leg reads, as HTTP/1.1: the client's method, target and headers,

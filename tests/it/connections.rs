@@ -572,3 +572,32 @@ fn a_body_trickled_a_byte_at_a_time_is_cut_off_at_its_deadline() {
         .unwrap();
     assert!(read_response(&mut c).starts_with("HTTP/1.1 200 "));
 }
+
+/// The same deadline on a route whose requests go through the relay (a concurrency limit: the
+/// lease lasts as long as the upstream's work): a trickled body is cut at its deadline with a 408
+/// and counted, and the lease it held is given back.
+#[test]
+fn a_trickled_body_on_a_relayed_route_is_cut_off_at_its_deadline() {
+    let route = "  - name: api\n    upstream: \"{upstream}\"\n    limits: [{ name: inflight, concurrency: 1, key: route }]\n";
+    let s = Setup::start_with_config(Backend::Memory, route, TRICKLE);
+    let mut c = TcpStream::connect(s.proxy.addr).unwrap();
+    c.write_all(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\n")
+        .unwrap();
+    let (cut, answer) = trickle(&mut c, b"x", Duration::from_secs(10));
+    println!("HTTP/1.1 body on a relayed route, a byte every 300 ms: closed after {cut:?}");
+    let cut = cut.expect("still open after 10 s");
+    assert!(
+        cut >= Duration::from_millis(900) && cut < Duration::from_millis(2500),
+        "closed after {cut:?}"
+    );
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer:?}");
+    assert_eq!(closed(&s, "request_body_timeout"), 1);
+    wait_for("the lease given back", Duration::from_secs(10), || {
+        let mut c = TcpStream::connect(s.proxy.addr).unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        read_response(&mut c)
+            .starts_with("HTTP/1.1 200 ")
+            .then_some(())
+    });
+}
