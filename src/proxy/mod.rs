@@ -2,23 +2,23 @@
 //! `logging`. What to decide, which headers, which metrics: all of that lives elsewhere.
 
 use crate::answer;
-use crate::canonical::{self, Refused, Rewrite};
+use crate::canonical::{Refused, Rewrite};
 use crate::clock::SystemClock;
 use crate::config::{Charge, UsageSource};
-use crate::gate::{Asking, Gate, Verdict};
+use crate::gate::Gate;
 use crate::head_room;
 use crate::headers;
 use crate::held::Held;
 use crate::limiter::{Decision, Limiter};
-use crate::metrics::{Closed, Metrics, Outcome};
+use crate::metrics::{Metrics, Outcome};
 use crate::plan::{Plan, RoutePlan};
-use crate::relay::{self, Relayed};
+use crate::relay;
 use crate::reload::LivePlan;
 use crate::usage::strip::StripUsage;
 use crate::usage::{self, Reported};
 use async_trait::async_trait;
 use bytes::Bytes;
-use http::{header, HeaderName, HeaderValue};
+use http::{header, HeaderValue};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, SubrequestSpawner};
@@ -26,6 +26,15 @@ use pingora::upstreams::peer::Peer;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+
+mod decide;
+mod forward;
+
+use decide::{asking, canonical_of};
+use forward::{
+    forwarded_for, host_from_authority, single_content_length, X_FORWARDED_FOR, X_FORWARDED_HOST,
+    X_FORWARDED_PROTO,
+};
 
 pub struct RateLimitProxy<L> {
     /// Starts a relay's inner leg (`relay`): Pingora hands one to the first request, kept here
@@ -434,201 +443,11 @@ impl<L: Limiter> ProxyHttp for RateLimitProxy<L> {
     }
 }
 
-/// The request head in canonical form (`canonical`), or why it has none.
-fn canonical_of<'a>(
-    req: &'a RequestHeader,
-    plan: &Plan,
-) -> std::result::Result<canonical::Request<'a>, Refused> {
-    // HTTP/2 names the host in `:authority`, which Pingora keeps in the URI.
-    let pseudo = (req.version == http::Version::HTTP_2)
-        .then(|| req.uri.authority().map(|a| a.as_str().as_bytes()))
-        .flatten();
-    canonical::request(
-        req.method.as_str(),
-        req.raw_path(),
-        req.version,
-        pseudo,
-        &req.headers,
-        plan.path_escaped_slashes,
-    )
-}
-
-/// The request as the gate needs it: canonical, its client found.
-fn asking<'a>(
-    plan: &'a Plan,
-    session: &'a Session,
-    request: &'a canonical::Request<'a>,
-    reserved: &'a [u64],
-) -> Asking<'a> {
-    let req = session.req_header();
-    let peer = session
-        .client_addr()
-        .and_then(|a| a.as_inet())
-        .map(|a| a.ip());
-    let forwarded = req
-        .headers
-        .get_all(&X_FORWARDED_FOR)
-        .iter()
-        .map(|v| v.as_bytes());
-    Asking {
-        client: peer.map(|p| plan.client.client(p, forwarded)),
-        method: req.method.as_str(),
-        path: &request.target.path,
-        query: request.target.query,
-        headers: &req.headers,
-        reserved,
-    }
-}
-
-/// The whole request body, or `None` when it is longer than `cap`.
-async fn read_whole_body(session: &mut Session, cap: usize) -> Result<Option<Bytes>> {
-    let mut body = bytes::BytesMut::new();
-    while let Some(chunk) = session.read_request_body().await? {
-        if body.len() + chunk.len() > cap {
-            return Ok(None);
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(Some(body.freeze()))
-}
-
 fn route_of(ctx: &RequestCtx) -> Option<&RoutePlan> {
     ctx.plan.as_ref()?.routes.get(ctx.route?)
 }
 
 impl<L: Limiter> RateLimitProxy<L> {
-    /// The status a client failure is answered with (0: the client is gone, nobody to answer),
-    /// counted by its cause.
-    fn client_failure(&self, e: &Error) -> u16 {
-        match e.etype() {
-            // A request body not whole by `downstream.request_body_timeout_ms`.
-            ErrorType::ReadError if crate::body_clock::is_expired(e) => {
-                self.metrics.connection_closed(Closed::RequestBodyTimeout);
-                408
-            }
-            // An HTTP/2 stream reset by this side: `h2_watch` cut it at a deadline (and counted
-            // it), or `h2` found it malformed. Not the client's reset.
-            ErrorType::ReadError if crate::h2_watch::reset_here(e) => 0,
-            // The client is gone: nobody to answer.
-            ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => {
-                self.metrics.connection_closed(Closed::ClientReset);
-                0
-            }
-            // A request body stalled past `downstream.body_timeout_ms`.
-            ErrorType::ReadTimedout => {
-                self.metrics.connection_closed(Closed::BodyTimeout);
-                408
-            }
-            _ => 400,
-        }
-    }
-
-    /// Acts on the gate's verdict: a refusal is answered here; an admitted request goes on to
-    /// the upstream, through the relay when its answer is to be charged (or its body was read).
-    async fn answer(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-        verdict: Verdict,
-        held: Held,
-        body: Option<Bytes>,
-    ) -> Result<bool> {
-        ctx.outcome = Some(verdict.outcome());
-        let (plan, index) = match (&ctx.plan, ctx.route) {
-            (Some(plan), Some(index)) => (plan.clone(), index),
-            _ => return Error::e_explain(ErrorType::InternalError, "no route chosen"),
-        };
-        let route = &plan.routes[index];
-        let relayed = relay::wanted(&verdict, &held) || body.is_some();
-        match verdict {
-            Verdict::Pass(_, decision) if relayed => {
-                let relayed = Relayed {
-                    plan: plan.clone(),
-                    route: index,
-                    rewrite: std::mem::take(&mut ctx.rewrite),
-                    held,
-                    decision,
-                    client: session
-                        .client_addr()
-                        .and_then(|a| a.as_inet())
-                        .map(|a| a.ip()),
-                    tls: session.digest().is_some_and(|d| d.ssl_digest.is_some()),
-                    te_trailers: session.req_header().version == http::Version::HTTP_2
-                        && session
-                            .req_header()
-                            .headers
-                            .get(header::TE)
-                            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers")),
-                    gone: Arc::default(),
-                    usage_asked: ctx.usage_asked,
-                };
-                let spawner = self.spawner.get().ok_or_else(|| {
-                    Error::explain(ErrorType::InternalError, "no subrequest spawner")
-                })?;
-                let mut leases = relayed.held.lease_copy();
-                let gate = self.gate.clone();
-                let renew = move || {
-                    if let Some(renewal) = gate.renewal(&mut leases) {
-                        tokio::spawn(renewal);
-                    }
-                };
-                if let Some(e) = relay::run(session, spawner, relayed, body, renew).await? {
-                    // The client's body was cut short: answered as any client failure is.
-                    log::debug!("relayed request's body cut short: {e}");
-                    session.set_keepalive(None);
-                    let code = self.client_failure(&e);
-                    if code > 0 {
-                        session.respond_error(code).await?;
-                    }
-                }
-                Ok(true)
-            }
-            Verdict::Pass(_, decision) => {
-                ctx.held = held;
-                ctx.decision = decision;
-                Ok(false)
-            }
-            refused => {
-                ctx.held = held;
-                answer::refusal(session, route, refused).await?;
-                Ok(true)
-            }
-        }
-    }
-
-    /// A route that reads the request body before deciding (a limit reserves from it, or it may
-    /// be rewritten): the body is read whole, up to `usage::request::MAX_BODY`, then decided on.
-    async fn decide_with_body(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        let (plan, index) = match (&ctx.plan, ctx.route) {
-            (Some(plan), Some(index)) => (plan.clone(), index),
-            _ => return Error::e_explain(ErrorType::InternalError, "no route chosen"),
-        };
-        let route = &plan.routes[index];
-        let Some(body) = read_whole_body(session, usage::request::MAX_BODY).await? else {
-            session.set_keepalive(None);
-            let body = "413 Content Too Large: this route reads the request body whole, and it is too large\n";
-            answer::respond(session, 413, "text/plain; charset=utf-8", Vec::new(), body).await?;
-            return Ok(true);
-        };
-        let reserves = route.limits.iter().map(|l| l.reserve.as_ref());
-        let reserved = match reserves.clone().any(|r| r.is_some()) {
-            true => usage::request::reservations(reserves, &body),
-            false => Vec::new(),
-        };
-        let asked = route
-            .stream_usage
-            .then(|| usage::request::ask_stream_usage(&body))
-            .flatten();
-        ctx.usage_asked = asked.is_some();
-        let body = asked.map_or(body, Bytes::from);
-        // The same head that was put in canonical form a moment ago.
-        let request = canonical_of(session.req_header(), &plan)
-            .map_err(|_| Error::explain(ErrorType::InternalError, "request no longer canonical"))?;
-        let asking = asking(&plan, session, &request, &reserved);
-        let (verdict, held) = self.gate.admit(route, &asking).await;
-        self.answer(session, ctx, verdict, held, Some(body)).await
-    }
-
     /// A request whose body is still moving is in flight: its leases are renewed when due, in
     /// the background (a stream may outlast `lease_ms`).
     fn keep_leases(&self, ctx: &mut RequestCtx) {
@@ -650,73 +469,5 @@ impl<L> RateLimitProxy<L> {
         let body = format!("400 Bad Request: {}\n", why.explain());
         answer::respond(session, 400, "text/plain; charset=utf-8", Vec::new(), body).await?;
         Ok(true)
-    }
-}
-
-/// An HTTP/2 request that names its host only in `:authority` gets it as a `Host` header too, as
-/// an HTTP/1.1 request would carry it: a limit keyed on `header:host` then finds it (and the
-/// HTTP/1.1 upstream is told it). One that has both is checked in `canonical`.
-fn host_from_authority(req: &mut RequestHeader) -> Result<()> {
-    if req.headers.contains_key(header::HOST) {
-        return Ok(());
-    }
-    match req
-        .uri
-        .authority()
-        .map(|a| HeaderValue::from_str(a.as_str()))
-    {
-        Some(Ok(host)) => req.insert_header(header::HOST, host),
-        _ => Ok(()),
-    }
-}
-
-// Parsed once (see `headers`).
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-
-/// `X-Forwarded-For` with `ip` appended to what it held.
-fn forwarded_for(prior: Option<&[u8]>, ip: IpAddr) -> HeaderValue {
-    let mut v = Vec::with_capacity(prior.map_or(0, |p| p.len() + 2) + 39);
-    if let Some(prior) = prior {
-        v.extend_from_slice(prior);
-        v.extend_from_slice(b", ");
-    }
-    crate::text::ip(&mut v, ip);
-    // The prior value was a valid header value, and an address adds only ASCII.
-    HeaderValue::from_maybe_shared(Bytes::from(v)).unwrap_or_else(|_| HeaderValue::from_static(""))
-}
-
-/// `Content-Length: 54, 54` (or the same value twice), which Pingora accepts as 54, goes on as one
-/// value: an upstream that reads the list differently could take the body for another request.
-fn single_content_length(req: &mut RequestHeader) -> Result<()> {
-    let mut values = req.headers.get_all(header::CONTENT_LENGTH).iter();
-    let Some(first) = values.next() else {
-        return Ok(());
-    };
-    if values.next().is_none() && !first.as_bytes().contains(&b',') {
-        return Ok(());
-    }
-    // Differing values never get here (`head::inspect` refuses them): the first number is it.
-    let n = first
-        .as_bytes()
-        .split(|&b| b == b',')
-        .next()
-        .map(|v| String::from_utf8_lossy(v).trim().to_string())
-        .unwrap_or_default();
-    req.insert_header(header::CONTENT_LENGTH, n)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn forwarded_for_appends_the_address_as_written() {
-        let v4: IpAddr = "10.0.255.7".parse().unwrap();
-        let v6: IpAddr = "2001:db8::1".parse().unwrap();
-        assert_eq!(forwarded_for(None, v4), "10.0.255.7");
-        assert_eq!(forwarded_for(Some(b"1.2.3.4"), v6), "1.2.3.4, 2001:db8::1");
-        assert_eq!(forwarded_for(None, "0.0.0.0".parse().unwrap()), "0.0.0.0");
     }
 }
