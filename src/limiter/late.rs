@@ -42,6 +42,35 @@ pub fn classify(budget: Duration, elapsed: Duration, late: Duration) -> LimiterE
     }
 }
 
+/// Runs `call` within `budget` from `started`, looking at the clock every `tick` while it is out:
+/// a call of its own (a Redis Cluster's, not batched) told apart from the proxy's lateness like a
+/// batched one. The output, or the timeout `classify` names.
+pub async fn within<F: std::future::Future>(
+    budget: Duration,
+    started: Instant,
+    call: F,
+) -> Result<F::Output, LimiterError> {
+    let deadline = started + budget;
+    let tick = tick(budget);
+    let mut late = Duration::ZERO;
+    let mut due = (Instant::now() + tick).min(deadline);
+    tokio::pin!(call);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut call => return Ok(out),
+            _ = tokio::time::sleep_until(due.into()) => {
+                let now = Instant::now();
+                late += past(now, due);
+                if now >= deadline {
+                    return Err(classify(budget, now - started, late));
+                }
+                due = (now + tick).min(deadline);
+            }
+        }
+    }
+}
+
 /// Episodes of lateness one driver saw, each noted when it ended: the ones within the longest
 /// budget are kept, as many as a driver can see in it.
 #[derive(Default)]
@@ -104,6 +133,34 @@ mod tests {
             classify(budget, 30 * MS, 20 * MS),
             LimiterError::Late { .. }
         ));
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_call_of_its_own_that_never_answers_is_redis_s_timeout() {
+        let budget = 40 * MS;
+        let out = runtime().block_on(within(budget, Instant::now(), std::future::pending::<()>()));
+        assert!(matches!(out, Err(LimiterError::Timeout(_))), "{out:?}");
+    }
+
+    #[test]
+    fn a_call_of_its_own_whose_thread_stalls_is_the_proxy_s_lateness() {
+        let budget = 40 * MS;
+        let rt = runtime();
+        let out = rt.block_on(async {
+            // Something else on this thread holds it for 120 ms once the call is out.
+            tokio::spawn(async { std::thread::sleep(120 * MS) });
+            within(budget, Instant::now(), std::future::pending::<()>()).await
+        });
+        assert!(matches!(out, Err(LimiterError::Late { .. })), "{out:?}");
+        let answered = rt.block_on(within(budget, Instant::now(), async { 7 }));
+        assert_eq!(answered.ok(), Some(7));
     }
 
     #[test]

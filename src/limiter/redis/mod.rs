@@ -301,12 +301,15 @@ impl RedisLimiter {
     ) -> Result<Decision, LimiterError> {
         let answer = match &self.batches {
             Some(batches) => batches.decide(buckets, started + self.timeout).await?,
-            None => match tokio::time::timeout(self.timeout, batch::alone(&self.caller, buckets))
-                .await
-            {
-                Ok(answer) => answer?,
-                Err(_) => return Err(LimiterError::Timeout(self.timeout)),
-            },
+            // A call of its own (a Cluster's): its timeout told from the proxy's lateness too.
+            None => {
+                crate::limiter::late::within(
+                    self.timeout,
+                    started,
+                    batch::alone(&self.caller, buckets),
+                )
+                .await??
+            }
         };
         let (decision, bad) = parse_reply(answer.reply(), answer.now(), buckets)?;
         for i in bad {
