@@ -178,15 +178,7 @@ impl Owed {
     /// was drawn up front stands). The limit is charged `used` in all, but never less than its
     /// own cost unless it refunds the unused part: the reservation is always settled.
     pub(crate) fn amount(&self, used: Option<u64>) -> Option<i64> {
-        let Some(used) = used else {
-            if let Some((_, unreported)) = &self.counters {
-                unreported.inc();
-            }
-            return None;
-        };
-        if let Some((charged, _)) = &self.counters {
-            charged.inc_by(used);
-        }
+        let used = used?;
         let own = self.params.cost.saturating_sub(self.reserved);
         let total = match self.charge.refund_unused {
             true => used,
@@ -195,6 +187,20 @@ impl Owed {
         let more = i128::from(total) - i128::from(self.params.cost);
         let more = more.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
         (more != 0).then_some(more)
+    }
+
+    /// Counts the settlement (`ratelimit_usage_charged_total`, or `..._unreported_total`): once
+    /// it is written, so that a reader of the counter finds the bucket charged.
+    pub(crate) fn count(&self, used: Option<u64>) {
+        match (&self.counters, used) {
+            // Never wrapping: an absurd usage counts as what the stores hold exactly (2^53),
+            // and the counter stops at its top.
+            (Some((charged, _)), Some(used)) => {
+                charged.inc_by(used.min(1 << 53).min(u64::MAX - charged.get()))
+            }
+            (Some((_, unreported)), None) => unreported.inc(),
+            (None, _) => {}
+        }
     }
 }
 

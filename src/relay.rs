@@ -89,6 +89,7 @@ pub async fn run(
     let mut head = ServerSession::new_http1(Box::new(std::io::Cursor::new(wire)));
     head.read_request().await?;
     let gone = relayed.gone.clone();
+    let leases = relayed.held.leases();
     let has_body = body.is_some() || streamed;
     let sub = SubrequestCtx::builder()
         .body_mode(match has_body {
@@ -107,11 +108,15 @@ pub async fn run(
     let mut body_failed: Option<Box<Error>> = None;
     // Leases are kept alive while the request waits on its upstream too, not only while a body
     // moves (`renew` renews them when a third of their life has passed).
-    let mut tick = tokio::time::interval(RENEW_TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A request without leases keeps no timer.
+    let mut tick = leases.then(|| {
+        let mut tick = tokio::time::interval(RENEW_TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick
+    });
     loop {
         tokio::select! {
-            _ = tick.tick() => renew(),
+            Some(_) = async { Some(tick.as_mut()?.tick().await) }, if tick.is_some() => renew(),
             task = handle.rx.recv() => {
                 let Some(task) = task else { break };
                 let done = matches!(task, HttpTask::Done | HttpTask::Failed(_));

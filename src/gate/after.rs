@@ -29,6 +29,7 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
             };
             owed.settled = true;
             let Some(amount) = owed.amount(reported) else {
+                owed.count(reported);
                 continue;
             };
             let amount = clamp_charge(&owed.params, amount);
@@ -56,6 +57,7 @@ impl<L: Limiter, C: Clock + Clone> Gate<L, C> {
                 // The up-front cost stands; the store's error counter says why.
                 Err(e) => log::debug!("usage of {} not charged: {e}", owed.key),
             }
+            owed.count(reported);
         }
         after
     }

@@ -40,6 +40,9 @@ impl Reported {
     /// for a body of the kind a charge reads (a JSON document, or an event stream), if the body
     /// is readable (not compressed) and the response a success.
     pub fn head(&mut self, held: &Held, resp: &ResponseHeader) {
+        if !held.owes(|_| true) {
+            return;
+        }
         for name in held.terms().filter_map(|t| match &t.from {
             UsageSource::Header(name) => Some(name),
             _ => None,
@@ -49,13 +52,6 @@ impl Reported {
                     .push((name.clone(), number(&resp.headers, name)));
             }
         }
-        let media = resp
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .map(|t| t.trim().to_ascii_lowercase())
-            .unwrap_or_default();
         // Encoded anyway (the upstream ignored `identity`): unreadable, so not scanned.
         let plain = resp
             .headers
@@ -64,8 +60,10 @@ impl Reported {
         if !(plain && resp.status.is_success()) {
             return;
         }
-        let json = media == "application/json" || media.ends_with("+json");
-        let sse = media == "text/event-stream";
+        let media = media_type(resp).as_bytes();
+        let json = media.eq_ignore_ascii_case(b"application/json")
+            || media.len() >= 5 && media[media.len() - 5..].eq_ignore_ascii_case(b"+json");
+        let sse = media.eq_ignore_ascii_case(b"text/event-stream");
         let paths: Vec<Vec<String>> = held
             .terms()
             .filter_map(|t| match &t.from {
@@ -166,6 +164,15 @@ impl Reported {
             _ => None,
         }
     }
+}
+
+/// The response's media type, its parameters left out (compared ignoring case).
+pub fn media_type(resp: &ResponseHeader) -> &str {
+    resp.headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map_or("", str::trim)
 }
 
 /// The upstream request of a route charged from its body: asked for the body whole and

@@ -76,12 +76,7 @@ impl StripUsage {
 /// Whether the answer is an event stream whose length was not stated (a stated one cannot lose
 /// an event on its way).
 pub fn applies(resp: &pingora::http::ResponseHeader) -> bool {
-    let stream = resp
-        .headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"));
+    let stream = super::media_type(resp).eq_ignore_ascii_case("text/event-stream");
     stream && resp.status.is_success() && !resp.headers.contains_key(http::header::CONTENT_LENGTH)
 }
 

@@ -406,10 +406,16 @@ fn an_interim_response_does_not_settle_the_charge(fleet: Fleet) {
 fn an_absurd_usage_empties_the_bucket(fleet: Fleet, paths: &[&str]) {
     let proxy = &fleet.proxies[0];
     let unreported = "ratelimit_usage_unreported_total{limit=\"tokens\",route=\"llm\"}";
+    let charged = "ratelimit_usage_charged_total{limit=\"tokens\",route=\"llm\"}";
     for (i, path) in paths.iter().enumerate() {
         let key = format!("absurd-{i}");
+        let before = proxy.metric(charged);
         let r = proxy.get(path, &[("x-api-key", key.as_str())]);
         assert_eq!(r.status, 200, "{path}: {r:?}");
+        // The next request comes on a connection of its own: it waits for the charge.
+        wait_for("the charge", Duration::from_secs(10), || {
+            (proxy.metric(charged) > before).then_some(())
+        });
         let r = proxy.get("/x", &[("x-api-key", key.as_str())]);
         assert_eq!(r.status, 429, "{path}: the bucket is in debt: {r:?}");
         assert_eq!(
