@@ -352,20 +352,25 @@ fn grpc_calls_reach_a_tls_upstream_over_http2() {
     three_of_each_kind(&proxy.addr.to_string(), None);
 }
 
-/// Usage a gRPC upstream reports in a trailer is charged once the call ends (after the trailers
-/// passed through): the next call sees the balance after it.
-#[test]
-fn usage_reported_in_a_grpc_trailer_is_charged_after_the_call() {
-    let server = GrpcServer::start();
-    let yaml = format!(
+/// A proxy (h2c) in front of `server` whose route has 100 tokens charged from the
+/// `x-usage-total-tokens` trailer.
+fn charged_by_trailer(server: &GrpcServer) -> Proxy {
+    Proxy::start(&format!(
         "listen:\n  - {{ address: \"{{listen}}\", h2c: true }}\nadmin: \"{{admin}}\"\n\
          routes:\n  - name: grpc-orders\n    match: {{ path_prefix: \"/orders.v1.Orders/\" }}\n    \
          upstream: \"h2c://127.0.0.1:{}\"\n    \
          limits: [{{ name: tokens, capacity: 100, refill: \"1/h\", key: \"header:x-api-key\", \
          charge_from_response: \"trailer:x-usage-total-tokens\" }}]\n",
         server.port
-    );
-    let proxy = Proxy::start(&yaml);
+    ))
+}
+
+/// Usage a gRPC upstream reports in a trailer is charged once the call ends (after the trailers
+/// passed through): the next call sees the balance after it.
+#[test]
+fn usage_reported_in_a_grpc_trailer_is_charged_after_the_call() {
+    let server = GrpcServer::start();
+    let proxy = charged_by_trailer(&server);
     let target = proxy.addr.to_string();
     let first = calls(&target, None, &["Usage:k"]);
     assert_eq!(first[0].code, "OK", "{:?}", first[0]);
@@ -398,15 +403,7 @@ fn usage_reported_in_a_grpc_trailer_is_charged_after_the_call() {
 #[test]
 fn a_grpc_client_that_cancels_before_the_trailers_is_charged_them() {
     let server = GrpcServer::start();
-    let yaml = format!(
-        "listen:\n  - {{ address: \"{{listen}}\", h2c: true }}\nadmin: \"{{admin}}\"\n\
-         routes:\n  - name: grpc-orders\n    match: {{ path_prefix: \"/orders.v1.Orders/\" }}\n    \
-         upstream: \"h2c://127.0.0.1:{}\"\n    \
-         limits: [{{ name: tokens, capacity: 100, refill: \"1/h\", key: \"header:x-api-key\", \
-         charge_from_response: \"trailer:x-usage-total-tokens\" }}]\n",
-        server.port
-    );
-    let proxy = Proxy::start(&yaml);
+    let proxy = charged_by_trailer(&server);
     let target = proxy.addr.to_string();
     let charged = "ratelimit_usage_charged_total{limit=\"tokens\",route=\"grpc-orders\"}";
     let unreported = "ratelimit_usage_unreported_total{limit=\"tokens\",route=\"grpc-orders\"}";
