@@ -104,6 +104,21 @@ impl Rig {
             .unwrap_or_else(|e| panic!("abort_client.py printed no JSON line ({e}): {stdout}"))
     }
 
+    /// Waits until `i` requests are decided and every admitted one is settled (charged its 50,
+    /// or counted unreported): the next request then meets the charge.
+    fn settled(&self, i: u64) {
+        wait_for(
+            &format!("request {i} decided, and settled if admitted"),
+            Duration::from_secs(15),
+            || {
+                let allowed = self.proxy.decisions(ROUTE, "allowed");
+                let rejected = self.proxy.decisions(ROUTE, "rejected");
+                let settled = self.charged(ROUTE) / 50.0 + self.unreported(ROUTE);
+                (allowed + rejected >= i && settled >= allowed as f64).then_some(())
+            },
+        );
+    }
+
     /// Waits until the model has no answer half-written (each finished, or cut off because the
     /// proxy went away), at most `limit`.
     fn model_idle(&self, limit: Duration) -> Stats {
@@ -127,17 +142,7 @@ fn thirty_requests_left(proto: &str, at: &str, reset: bool, model: &str) {
         let what = format!("status {} aborted {}", out["status"], out["aborted"]);
         *seen.entry(what).or_default() += 1;
         outs.push(out);
-        // Decided, and if admitted, settled (charged, or counted unreported) before the next.
-        wait_for(
-            &format!("request {i} decided, and settled if admitted"),
-            Duration::from_secs(15),
-            || {
-                let allowed = rig.proxy.decisions(ROUTE, "allowed");
-                let rejected = rig.proxy.decisions(ROUTE, "rejected");
-                let settled = rig.charged(ROUTE) / 50.0 + rig.unreported(ROUTE);
-                (allowed + rejected >= i && settled >= allowed as f64).then_some(())
-            },
-        );
+        rig.settled(i);
     }
     let stats = rig.model_idle(Duration::from_secs(15));
     let allowed = rig.proxy.decisions(ROUTE, "allowed");
@@ -223,16 +228,7 @@ fn a_reservation_stands_when_the_model_never_reports_and_the_client_leaves() {
         } else {
             rig.abort("h1", "mid-body", false, body);
         }
-        wait_for(
-            &format!("request {i} decided, and settled if admitted"),
-            Duration::from_secs(15),
-            || {
-                let allowed = rig.proxy.decisions(ROUTE, "allowed");
-                let rejected = rig.proxy.decisions(ROUTE, "rejected");
-                let settled = rig.charged(ROUTE) / 50.0 + rig.unreported(ROUTE);
-                (allowed + rejected >= i && settled >= allowed as f64).then_some(())
-            },
-        );
+        rig.settled(i);
     }
     let stats = rig.model_idle(Duration::from_secs(15));
     let allowed = rig.proxy.decisions(ROUTE, "allowed");
