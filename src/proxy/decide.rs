@@ -58,16 +58,14 @@ impl<L: Limiter> RateLimitProxy<L> {
         body: Option<Bytes>,
     ) -> Result<bool> {
         ctx.outcome = Some(verdict.outcome());
-        let (plan, index) = match (&ctx.plan, ctx.route) {
-            (Some(plan), Some(index)) => (plan.clone(), index),
-            _ => return Error::e_explain(ErrorType::InternalError, "no route chosen"),
-        };
-        let route = &plan.routes[index];
         let relayed = relay::wanted(&verdict, &held) || body.is_some();
         match verdict {
             Verdict::Pass(_, decision) if relayed => {
+                let (Some(plan), Some(index)) = (ctx.plan.clone(), ctx.route) else {
+                    return Error::e_explain(ErrorType::InternalError, "no route chosen");
+                };
                 let relayed = Relayed {
-                    plan: plan.clone(),
+                    plan,
                     route: index,
                     rewrite: std::mem::take(&mut ctx.rewrite),
                     held,
@@ -114,6 +112,9 @@ impl<L: Limiter> RateLimitProxy<L> {
             }
             refused => {
                 ctx.held = held;
+                let Some(route) = super::route_of(ctx) else {
+                    return Error::e_explain(ErrorType::InternalError, "no route chosen");
+                };
                 answer::refusal(session, route, refused).await?;
                 Ok(true)
             }
